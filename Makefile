@@ -1,0 +1,27 @@
+# Two commands on a fresh clone: `make serve` and `make test` (each creates .venv when missing).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch==2.13.0 resolves to a local CPU wheel on the project's dev/CI machines; on a GPU machine
+# PyPI's Linux wheel of the same version is the CUDA build. Override with TORCH_SPEC=... .
+TORCH_SPEC ?= torch==2.13.0
+ARGS ?=
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	touch $@
+
+.PHONY: install serve test bench-cpu
+install: $(VENV)/.installed
+
+serve: $(VENV)/.installed
+	$(VENV)/bin/bouquet serve $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(ARGS)
+
+bench-cpu: $(VENV)/.installed
+	$(PY) bench/cpu_sts.py

@@ -1,0 +1,3 @@
+from bouquet.cli import main
+
+main()

@@ -1,0 +1,77 @@
+"""The `bouquet` command line (typer). Builds the one ServeConfig and hands it down."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from bouquet.config import ConfigError, ServeConfig
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="bouquet: fast embedding and reranking server.")
+
+
+@app.callback()
+def _root() -> None:
+    """bouquet: serve embedding and reranking models (gateway → gRPC replicas → packed engine)."""
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"BOUQUET_{name}", default)
+
+
+@app.command()
+def serve(
+    model: Optional[str] = typer.Option(_env("MODEL"), help="Model directory or Hugging Face id (default: the embedded all-MiniLM-L6-v2)."),
+    served_model_name: list[str] = typer.Option([], help="Public model name(s); repeatable. The first is the id in replies."),
+    host: str = typer.Option(_env("HOST", "127.0.0.1"), help="Gateway bind address."),
+    port: int = typer.Option(int(_env("PORT", "8000") or 8000), help="Gateway HTTP port."),
+    grpc_port: int = typer.Option(0, help="First replica's gRPC port (0 = pick free ports)."),
+    device: str = typer.Option(_env("DEVICE", "auto"), help="auto | cpu | cuda"),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16"),
+    max_batch_tokens: int = typer.Option(0, help="Token budget per engine step (0 = auto: 16384 GPU, 2048 CPU)."),
+    max_batch_seqs: int = typer.Option(512, help="Sequence slots per engine step."),
+    max_queue_tokens: int = typer.Option(4_000_000, help="Pending tokens per replica before requests get 429."),
+    replicas: int = typer.Option(1, help="Server processes to start (CPU)."),
+    gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU."),
+    server: list[str] = typer.Option([], help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
+    chunk_tokens: int = typer.Option(8192, help="Split large requests into chunks of about this many tokens."),
+    max_request_bytes: int = typer.Option(2 * 1024 * 1024, help="Largest accepted request body (bytes)."),
+    max_inputs: int = typer.Option(4096, help="Most inputs per request."),
+    api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
+    no_truncate: bool = typer.Option(False, "--no-truncate", help="Refuse over-long inputs by default instead of truncating."),
+    enforce_eager: bool = typer.Option(False, help="Disable CUDA graphs."),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
+    try:
+        cfg = ServeConfig(
+            model=model, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
+            device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,  # type: ignore[arg-type]
+            max_queue_tokens=max_queue_tokens, replicas=replicas,
+            gpus=tuple(int(g) for g in gpus.split(",") if g.strip()), servers=tuple(server), chunk_tokens=chunk_tokens,
+            max_request_bytes=max_request_bytes, max_inputs=max_inputs, api_key=api_key, truncate=not no_truncate,
+            enforce_eager=enforce_eager, log_level=log_level,
+        ).validate()
+    except (ConfigError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bouquet.launcher import serve as run
+
+    try:
+        code = run(cfg)
+    except Exception as e:  # noqa: BLE001 - start-up errors end the command with a clear message
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app(prog_name="bouquet")
+
+
+if __name__ == "__main__":
+    main()

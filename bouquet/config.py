@@ -1,0 +1,97 @@
+"""The one configuration object of a bouquet deployment.
+
+Built once from the command line (and ``BOUQUET_*`` environment variables, read by the CLI, never
+at import time), validated here, then passed down explicitly: to the gateway in-process and to each
+server process as JSON on its command line. No module reads the environment on its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of its allowed range; the message names it."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `bouquet serve` needs. Units: tokens, bytes, ms, seconds as named.
+
+    Raises ConfigError (from ``validate``) on any value outside its range.
+    """
+
+    model: str | None = None  # path or Hugging Face id; None = the embedded all-MiniLM-L6-v2
+    served_model_name: tuple[str, ...] = ()  # aliases; the first is the public id when given
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_port: int = 0  # 0 = pick a free port
+    device: Device = "auto"
+    dtype: DType = "auto"
+    max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (GPU 16,384, CPU 2,048)
+    max_batch_seqs: int = 512  # sequence slots per engine step
+    # Scheduling (server): a request with at most this many tokens is `interactive` by default.
+    interactive_max_tokens: int = 2048
+    max_queue_tokens: int = 4_000_000  # pending tokens per replica before 429
+    # Gateway
+    replicas: int = 1
+    servers: tuple[str, ...] = ()  # external replicas host:port; when set no server is started
+    gpus: tuple[int, ...] = ()
+    gateway_workers: int = 1
+    chunk_tokens: int = 8192  # a large request is split into chunks of about this many tokens
+    max_request_bytes: int = 2 * 1024 * 1024
+    max_inputs: int = 4096
+    api_key: str | None = None
+    truncate: bool = True  # default for requests that do not say
+    # Engine fast path (GPU)
+    enforce_eager: bool = False
+    graph_max_tokens: int = 8192  # above this many tokens a batch runs eagerly
+    capture_buckets: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
+    bucket_stats_path: str | None = None
+    log_level: str = "info"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> "ServeConfig":
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("port", "grpc_port"):
+            v = getattr(self, name)
+            if not 0 <= v <= 65535:
+                raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 65535], got {v}")
+        if self.max_batch_tokens < 0:
+            raise ConfigError(f"--max-batch-tokens must be >= 1 (or 0 for auto), got {self.max_batch_tokens}")
+        if self.max_batch_seqs < 1:
+            raise ConfigError(f"--max-batch-seqs must be >= 1, got {self.max_batch_seqs}")
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.gateway_workers < 1:
+            raise ConfigError(f"--gateway-workers must be >= 1, got {self.gateway_workers}")
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        if self.max_inputs < 1:
+            raise ConfigError(f"--max-inputs must be >= 1, got {self.max_inputs}")
+        if self.chunk_tokens < 1:
+            raise ConfigError(f"--chunk-tokens must be >= 1, got {self.chunk_tokens}")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ServeConfig":
+        raw = json.loads(text)
+        for k in ("served_model_name", "servers", "gpus", "capture_buckets"):
+            raw[k] = tuple(raw.get(k) or ())
+        return cls(**raw).validate()
+
+    def replace(self, **changes: object) -> "ServeConfig":
+        return dataclasses.replace(self, **changes).validate()  # type: ignore[arg-type]

@@ -1,0 +1,208 @@
+"""The HTTP gateway: an ASGI app (FastAPI on uvicorn) in front of the gRPC replicas.
+
+Routes are thin: parse and validate (inputs.py), tokenize (tokenization.py), run on the replicas
+(replicas.py), encode the reply with orjson from pre-built dicts of numpy rows. Errors are
+APIError, rendered in the OpenAI shape on ``/v1/*`` and the TEI shape elsewhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import numpy as np
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from bouquet.config import ServeConfig
+from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.replicas import ReplicaPool
+from bouquet.gateway.tokenization import Encoded, TextTokenizer, TooLong
+from bouquet.modelspec import ModelSpec
+from bouquet.proto import bouquet_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Below this many characters tokenizing inline costs less than a thread hop (~50 µs).
+_INLINE_TOKENIZE_CHARS = 4096
+PRIORITIES = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH, "auto": pb.PRIORITY_AUTO}
+
+
+@dataclass
+class Gateway:
+    """Per-process gateway state, built once at start-up and shared by the routes."""
+
+    cfg: ServeConfig
+    spec: ModelSpec
+    pool: ReplicaPool
+    tokenizer: TextTokenizer
+    public_id: str
+    names: frozenset[str]
+    created: int = field(default_factory=lambda: int(time.time()))
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="bouquet-tok"))
+
+    def check_model(self, model: Any) -> None:
+        if model is None:
+            return
+        if not isinstance(model, str):
+            raise bad_request(f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
+        if model not in self.names:
+            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'",
+                           "model", "model_not_found")
+
+    async def run_tokenizer(self, fn: Any, *args: Any) -> Encoded:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None) -> Encoded:
+        """Texts or token ids → Encoded. Raises APIError 400 (too long with truncation off, bad ids)."""
+        try:
+            if inputs.token_ids is not None:
+                return self.tokenizer.check_ids(inputs.token_ids, truncate, side)  # type: ignore[arg-type]
+            texts = inputs.texts or []
+            if prompt:
+                texts = [prompt + t for t in texts]
+            if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
+                return self.tokenizer.encode(texts, truncate, side)  # type: ignore[arg-type]
+            return await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
+        except TooLong as e:
+            raise bad_request(str(e), "input", "context_length_exceeded") from None
+        except ValueError as e:
+            raise bad_request(str(e), "input", "invalid_token_id") from None
+
+    def resolve_prompt(self, body: dict[str, Any]) -> str | None:
+        prompt = opt_str(body, "prompt")
+        name = opt_str(body, "prompt_name")
+        if prompt is not None and name is not None:
+            raise bad_request("send either 'prompt' or 'prompt_name', not both", "prompt", "invalid_value")
+        if name is not None:
+            if name not in self.spec.prompts:
+                raise bad_request(f"unknown prompt_name {name!r}; this model defines {sorted(self.spec.prompts)}",
+                                  "prompt_name", "invalid_value")
+            return self.spec.prompts[name]
+        if prompt is None and self.spec.default_prompt_name:
+            return self.spec.prompts.get(self.spec.default_prompt_name)
+        return prompt
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object. Raises APIError 413 beyond ``limit`` bytes, 400 for
+    invalid JSON (including invalid UTF-8 and excessive nesting) or a non-object body."""
+    cl = request.headers.get("content-length")
+    if cl is not None and cl.isdigit() and int(cl) > limit:
+        raise APIError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes", None, "payload_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", None, "payload_too_large")
+        chunks.append(chunk)
+    try:
+        body = orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"request body is not valid JSON: {e}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
+    return body
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, media_type="application/json")
+
+
+def encode_vectors(vectors: np.ndarray, fmt: str) -> list[Any]:
+    """[N, D] float32 → per-row JSON values: numpy rows (orjson writes them) or base64 of LE float32."""
+    if fmt == "base64":
+        v = np.ascontiguousarray(vectors, dtype="<f4")
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in v]
+    return list(vectors)
+
+
+async def embeddings_route(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    body = await read_json(request, gw.cfg.max_request_bytes)
+    gw.check_model(body.get("model"))
+    inputs = parse_inputs(body.get("input"), "input", gw.cfg.max_inputs)
+    fmt = opt_str(body, "encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format", "invalid_value")
+    dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)
+    normalize = opt_bool(body, "normalize")
+    side = opt_str(body, "truncation_side", ("left", "right")) or "right"
+    mode = long_input_mode(body, gw.cfg.truncate)
+    priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("'user' must be a string", "user", "invalid_type")
+    if gw.spec.task != "embed":
+        raise bad_request(f"model '{gw.public_id}' is a scoring model; use /v1/rerank or /v1/score", "model", "wrong_task")
+    prompt = gw.resolve_prompt(body) if inputs.texts is not None else None
+    vectors, tokens = await embed(gw, inputs, mode, side, prompt, normalize, dims, priority)
+    data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encode_vectors(vectors, fmt))]
+    return json_response({"object": "list", "data": data, "model": gw.public_id,
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def embed(gw: Gateway, inputs: TextInputs, mode: str, side: str, prompt: str | None,
+                normalize: bool | None, dims: int | None, priority: int = pb.PRIORITY_AUTO) -> tuple[np.ndarray, int]:
+    """Inputs → ([N, D] float32 vectors, tokens embedded). Shared by the OpenAI and TEI routes."""
+    if mode in ("chunk_mean", "chunks"):
+        from bouquet.gateway.long_inputs import embed_long
+
+        return await embed_long(gw, inputs, mode, side, prompt, normalize, dims, priority)
+    enc = await gw.tokenize(inputs, mode == "truncate", side, prompt)
+    vectors = await gw.pool.infer(enc.ids, None, normalize, dims, priority)
+    return vectors, enc.num_tokens
+
+
+async def health_route(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    replicas = [r.describe() for r in gw.pool.replicas]
+    ready = gw.pool.ready
+    return json_response({"status": "ok" if ready else "loading", "model": gw.public_id, "replicas": replicas},
+                         200 if ready else 503)
+
+
+async def models_route(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return json_response({"object": "list", "data": [
+        {"id": gw.public_id, "object": "model", "created": gw.created, "owned_by": "bouquet",
+         "aliases": sorted(gw.names - {gw.public_id})}]})
+
+
+def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -> FastAPI:
+    """Build the gateway app. The replica pool connects on start-up (ASGI lifespan)."""
+    public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
+    names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
+    gw = Gateway(cfg, spec, ReplicaPool(server_addresses, cfg.chunk_tokens), TextTokenizer(spec), public_id, names)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gw.pool.start()
+        yield
+        await gw.pool.close()
+        gw.executor.shutdown(wait=False)
+
+    app = FastAPI(title="bouquet", version="0.1.0", lifespan=lifespan,
+                  description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
+    app.state.gateway = gw
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        return exc.response_for(request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error").response_for(request.url.path)
+
+    app.add_api_route("/health", health_route, methods=["GET"], summary="200 once a replica has loaded and warmed up; 503 before")
+    app.add_api_route("/v1/models", models_route, methods=["GET"], summary="The served model (OpenAI shape)")
+    app.add_api_route("/v1/embeddings", embeddings_route, methods=["POST"], summary="OpenAI embeddings")
+    return app

@@ -1,0 +1,43 @@
+"""One error type for the HTTP API, rendered in the shape of the API family that was called.
+
+OpenAI shape (``/v1/*``): ``{"error": {"message", "type", "param", "code"}}`` (OpenAI API
+reference, "Error codes"). TEI shape (TEI routes): ``{"error": "...", "error_type": "..."}``
+(text-embeddings-inference's ``ErrorResponse``).
+"""
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+          500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
+_TEI_TYPES = {400: "Validation", 401: "Unauthorized", 404: "Validation", 413: "Validation", 422: "Validation",
+              429: "Overloaded", 500: "Backend", 503: "Unhealthy", 504: "Backend"}
+
+
+class APIError(Exception):
+    """An error answer. status: HTTP code; param: the request field at fault (OpenAI ``param``);
+    code: a short machine-readable code (e.g. ``model_not_found``)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def openai_response(self) -> Response:
+        body = {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+        return Response(orjson.dumps(body), status_code=self.status, media_type="application/json", headers=self.headers)
+
+    def tei_response(self) -> Response:
+        body = {"error": self.message, "error_type": _TEI_TYPES.get(self.status, "Validation")}
+        return Response(orjson.dumps(body), status_code=self.status, media_type="application/json", headers=self.headers)
+
+    def response_for(self, path: str) -> Response:
+        return self.openai_response() if path.startswith("/v1/") or path == "/v1" else self.tei_response()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)

@@ -1,0 +1,134 @@
+"""Validation of request bodies, shared by the OpenAI and TEI routes.
+
+Every check raises APIError(400) naming the field (``param``) and the offending value or index;
+nothing here touches the network or the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bouquet.gateway.errors import APIError, bad_request
+
+LongInput = Literal["truncate", "error", "chunk_mean", "chunks"]
+LONG_INPUT_MODES = ("truncate", "error", "chunk_mean", "chunks")
+
+
+@dataclass(frozen=True)
+class TextInputs:
+    texts: list[str] | None  # either texts …
+    token_ids: list[list[int]] | None  # … or pre-tokenized sequences
+    single: bool  # the request sent one bare item (not a list)
+
+    def __len__(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids or [])
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists.
+
+    Raises APIError 400 for a missing/empty/mistyped value (naming the index) and 413 beyond
+    ``max_inputs`` items.
+    """
+    if value is None:
+        raise bad_request(f"'{param}' is required", param, "missing_required_parameter")
+    if isinstance(value, str):
+        if not value:
+            raise bad_request(f"'{param}' is an empty string; every input needs at least one character", param, "empty_input")
+        return TextInputs([value], None, True)
+    if not isinstance(value, list):
+        raise bad_request(f"'{param}' must be a string, a list of strings, or a list of token ids; got {type(value).__name__}",
+                          param, "invalid_type")
+    if not value:
+        raise bad_request(f"'{param}' is an empty list; send at least one input", param, "empty_input")
+    if len(value) > max_inputs:
+        raise APIError(413, f"'{param}' has {len(value)} items; the limit is {max_inputs} per request", param, "too_many_inputs")
+    first = value[0]
+    if isinstance(first, str):
+        for i, v in enumerate(value):
+            if not isinstance(v, str):
+                raise bad_request(f"{param}[{i}] must be a string like the other items, got {type(v).__name__}", f"{param}[{i}]", "invalid_type")
+            if not v:
+                raise bad_request(f"{param}[{i}] is an empty string; every input needs at least one character",
+                                  f"{param}[{i}]", "empty_input")
+        return TextInputs(list(value), None, False)
+    if _is_int(first):
+        _check_ids(value, param)
+        return TextInputs(None, [value], True)
+    if isinstance(first, list):
+        for i, v in enumerate(value):
+            if not isinstance(v, list):
+                raise bad_request(f"{param}[{i}] must be a list of token ids, got {type(v).__name__}", f"{param}[{i}]", "invalid_type")
+            if not v:
+                raise bad_request(f"{param}[{i}] is an empty list of token ids", f"{param}[{i}]", "empty_input")
+            _check_ids(v, f"{param}[{i}]")
+        return TextInputs(None, list(value), False)
+    raise bad_request(f"{param}[0] must be a string, a token id or a list of token ids; got {type(first).__name__}",
+                      f"{param}[0]", "invalid_type")
+
+
+def _check_ids(ids: list[Any], param: str) -> None:
+    for j, t in enumerate(ids):
+        if not _is_int(t):
+            raise bad_request(f"{param}[{j}] must be an integer token id, got {type(t).__name__}", param, "invalid_type")
+        if not -(2**31) <= t < 2**31:
+            raise bad_request(f"{param}[{j}] = {t} is not a valid token id", param, "invalid_token_id")
+
+
+def opt_bool(body: dict[str, Any], key: str) -> bool | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise bad_request(f"'{key}' must be true or false, got {v!r}", key, "invalid_type")
+    return v
+
+
+def opt_int(body: dict[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad_request(f"'{key}' must be an integer, got {v!r}", key, "invalid_type")
+    return int(v)
+
+
+def opt_str(body: dict[str, Any], key: str, choices: tuple[str, ...] | None = None) -> str | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise bad_request(f"'{key}' must be a string, got {type(v).__name__}", key, "invalid_type")
+    if choices is not None and v not in choices:
+        raise bad_request(f"'{key}' must be one of {list(choices)}, got {v!r}", key, "invalid_value")
+    return v
+
+
+def check_dimensions(dims: int | None, full: int, allowed: tuple[int, ...]) -> int | None:
+    """Matryoshka size: None, or 1 ≤ dims ≤ full (and among ``allowed`` when the model lists
+    its sizes). Raises APIError 400."""
+    if dims is None:
+        return None
+    if dims <= 0 or dims > full:
+        raise bad_request(f"'dimensions' must be between 1 and {full} for this model, got {dims}", "dimensions", "invalid_value")
+    if allowed and dims not in allowed and dims != full:
+        raise bad_request(f"'dimensions' must be one of {sorted(allowed)} for this model, got {dims}", "dimensions", "invalid_value")
+    return None if dims == full else dims
+
+
+def long_input_mode(body: dict[str, Any], default_truncate: bool) -> LongInput:
+    """Resolve ``truncate`` and ``long_input`` into one mode. Raises 400 when they disagree."""
+    truncate = opt_bool(body, "truncate")
+    mode = opt_str(body, "long_input", LONG_INPUT_MODES)
+    if mode is not None and truncate is not None:
+        if (truncate and mode != "truncate") or (not truncate and mode == "truncate"):
+            raise bad_request(f"'truncate': {str(truncate).lower()} contradicts 'long_input': {mode!r}", "long_input", "invalid_value")
+    if mode is not None:
+        return mode  # type: ignore[return-value]
+    if truncate is None:
+        truncate = default_truncate
+    return "truncate" if truncate else "error"

@@ -1,0 +1,108 @@
+"""Tokenization in the gateway, with Hugging Face ``tokenizers`` (Rust; ``encode_batch`` releases
+the GIL and runs in parallel). The raw ``Tokenizer`` object is used, never a ``transformers``
+wrapper (shared wrappers fail across threads with "Already borrowed").
+
+Truncation is decided per request: texts are encoded without truncation, so the true token count
+is known; only the over-long ones are encoded again with a truncating copy of the tokenizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from bouquet.modelspec import ModelSpec
+
+Side = Literal["left", "right"]
+
+
+class TooLong(ValueError):
+    """Input ``index`` has ``count`` tokens, more than the model's ``limit``."""
+
+    def __init__(self, index: int, count: int, limit: int) -> None:
+        super().__init__(f"input {index} has {count} tokens, more than the model's maximum of {limit} (truncation is off)")
+        self.index, self.count, self.limit = index, count, limit
+
+
+@dataclass(frozen=True)
+class Encoded:
+    ids: list[np.ndarray]  # int32 [len_i] each, special tokens included
+    type_ids: list[np.ndarray] | None  # only for pairs (cross-encoders)
+    num_tokens: int
+
+
+class TextTokenizer:
+    """Thread-safe for concurrent ``encode*`` calls (the Rust tokenizer is immutable here)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        base = Tokenizer.from_file(str(spec.tokenizer_path))
+        base.no_padding()
+        base.no_truncation()
+        self.spec = spec
+        self.eos = spec.append_eos_id
+        # Room for the EOS that causal embedding models pool on.
+        self.max_len = spec.max_seq_length - (1 if self.eos is not None else 0)
+        self._plain = base
+        self._trunc: dict[str, Tokenizer] = {}
+        for side in ("left", "right"):
+            t = Tokenizer.from_str(base.to_str())
+            t.enable_truncation(self.max_len, strategy="longest_first", direction=side)
+            self._trunc[side] = t
+            tp = Tokenizer.from_str(base.to_str())
+            tp.enable_truncation(self.max_len, strategy="only_second", direction=side)
+            self._trunc[side + "_pair"] = tp
+        self.vocab_size = spec.vocab_size
+
+    def _finish(self, ids: list[int]) -> np.ndarray:
+        if self.eos is not None and (not ids or ids[-1] != self.eos):
+            ids = ids + [self.eos]
+        return np.asarray(ids, dtype=np.int32)
+
+    def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:
+        """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
+        encs = self._plain.encode_batch(texts)
+        long_idx = [i for i, e in enumerate(encs) if len(e.ids) > self.max_len]
+        if long_idx:
+            if not truncate:
+                i = long_idx[0]
+                raise TooLong(i, len(encs[i].ids) + (1 if self.eos is not None else 0), self.spec.max_seq_length)
+            again = self._trunc[side].encode_batch([texts[i] for i in long_idx])
+            for i, e in zip(long_idx, again):
+                encs[i] = e
+        ids = [self._finish(e.ids) for e in encs]
+        return Encoded(ids, None, int(sum(len(x) for x in ids)))
+
+    def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right") -> Encoded:
+        """(query, document) pairs → ids and token types; over-long pairs lose document tokens
+        only (``only_second``), never query tokens."""
+        encs = self._plain.encode_batch(pairs)
+        long_idx = [i for i, e in enumerate(encs) if len(e.ids) > self.max_len]
+        if long_idx:
+            again = self._trunc[side + "_pair"].encode_batch([pairs[i] for i in long_idx])
+            for i, e in zip(long_idx, again):
+                encs[i] = e
+        ids = [self._finish(e.ids) for e in encs]
+        tts = [np.asarray(e.type_ids, dtype=np.int32) for e in encs]
+        if self.eos is not None:
+            tts = [np.pad(t, (0, len(i) - len(t))) for t, i in zip(tts, ids)]
+        return Encoded(ids, tts, int(sum(len(x) for x in ids)))
+
+    def check_ids(self, seqs: list[list[int]], truncate: bool = True, side: Side = "right") -> Encoded:
+        """Pre-tokenized input: validate ids against the vocabulary, truncate or refuse long ones.
+        Raises ValueError naming the sequence and the bad id, or TooLong."""
+        out = []
+        for i, s in enumerate(seqs):
+            arr = np.asarray(s, dtype=np.int64)
+            if arr.size == 0:
+                raise ValueError(f"input {i} is an empty list of token ids")
+            bad = arr[(arr < 0) | (arr >= self.vocab_size)]
+            if bad.size:
+                raise ValueError(f"input {i} has token id {int(bad[0])}, outside the vocabulary [0, {self.vocab_size})")
+            if arr.size > self.spec.max_seq_length:
+                if not truncate:
+                    raise TooLong(i, int(arr.size), self.spec.max_seq_length)
+                arr = arr[: self.spec.max_seq_length] if side == "right" else arr[-self.spec.max_seq_length:]
+            out.append(arr.astype(np.int32))
+        return Encoded(out, None, int(sum(len(x) for x in out)))

@@ -1,0 +1,121 @@
+"""`bouquet serve`: start the server replica processes, then the gateway, and stop them together.
+
+The gateway runs in this process (uvicorn, which handles SIGINT/SIGTERM); replicas are child
+processes (``python -m bouquet.server``) that also die with this process (PR_SET_PDEATHSIG).
+When every replica has exited on its own, the gateway stops too and the command fails.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bouquet.config import ServeConfig
+
+log = logging.getLogger("bouquet")
+
+
+@dataclass
+class ReplicaProcess:
+    proc: subprocess.Popen[bytes]
+    address: str
+    device: str
+
+
+def _replica_devices(cfg: ServeConfig) -> list[str]:
+    if cfg.gpus:
+        return [f"cuda:{g}" for g in cfg.gpus]
+    return [cfg.device] * cfg.replicas
+
+
+def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0) -> list[ReplicaProcess]:
+    """Spawn one server process per replica and wait until each has bound its gRPC port.
+
+    Raises RuntimeError (after stopping the others) when a replica exits before binding.
+    """
+    devices = _replica_devices(cfg)
+    tmp = Path(tempfile.mkdtemp(prefix="bouquet-"))
+    procs: list[tuple[subprocess.Popen[bytes], Path, str]] = []
+    cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
+    for i, dev in enumerate(devices):
+        port_file = tmp / f"replica{i}.port"
+        env = dict(os.environ)
+        if not dev.startswith("cuda") and len(devices) > 1:
+            env.setdefault("OMP_NUM_THREADS", str(cpu_threads))
+        rcfg = cfg.replace(grpc_port=cfg.grpc_port + i if cfg.grpc_port else 0)
+        cmd = [sys.executable, "-m", "bouquet.server", "--config", rcfg.to_json(), "--port-file", str(port_file), "--device", dev]
+        procs.append((subprocess.Popen(cmd, env=env), port_file, dev))
+    out: list[ReplicaProcess] = []
+    deadline = time.monotonic() + startup_timeout_s
+    for proc, port_file, dev in procs:
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_replicas([ReplicaProcess(p, "", d) for p, _, d in procs])
+                raise RuntimeError(f"server replica on {dev} exited (code {proc.returncode}) before binding its port")
+            time.sleep(0.02)
+        out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev))
+    return out
+
+
+def stop_replicas(replicas: list[ReplicaProcess], timeout_s: float = 20.0) -> None:
+    """SIGTERM (the replica drains), then SIGKILL whatever is still alive after ``timeout_s``."""
+    for r in replicas:
+        if r.proc.poll() is None:
+            r.proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    for r in replicas:
+        try:
+            r.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            r.proc.kill()
+            r.proc.wait()
+
+
+def serve(cfg: ServeConfig) -> int:
+    """Run until SIGINT/SIGTERM. Returns the process exit code."""
+    import uvicorn
+
+    from bouquet.gateway.app import create_app
+    from bouquet.modelspec import load_spec
+
+    spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
+    replicas: list[ReplicaProcess] = []
+    if cfg.servers:
+        addresses = list(cfg.servers)
+    else:
+        replicas = start_replicas(cfg)
+        addresses = [r.address for r in replicas]
+    log.info("bouquet: model %s (%s), replicas %s", spec.model_id, spec.architecture, addresses)
+    app = create_app(cfg, spec, addresses)
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, loop=loop, log_level=cfg.log_level,
+                                           access_log=False, timeout_graceful_shutdown=30))
+    failed = threading.Event()
+
+    def watch() -> None:
+        while not server.should_exit:
+            if replicas and all(r.proc.poll() is not None for r in replicas):
+                log.error("bouquet: every server replica has exited; stopping the gateway")
+                failed.set()
+                server.should_exit = True
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+    log.info("bouquet: gateway on http://%s:%d (OpenAI: /v1/embeddings)", cfg.host, cfg.port)
+    try:
+        server.run()
+    finally:
+        stop_replicas(replicas)
+    return 1 if failed.is_set() else 0

@@ -1,0 +1,83 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_AUTO: _ClassVar[Priority]
+    PRIORITY_INTERACTIVE: _ClassVar[Priority]
+    PRIORITY_BATCH: _ClassVar[Priority]
+PRIORITY_AUTO: Priority
+PRIORITY_INTERACTIVE: Priority
+PRIORITY_BATCH: Priority
+
+class Tensor(_message.Message):
+    __slots__ = ("data", "dtype", "shape")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, data: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("input_ids", "lengths", "token_type_ids", "priority", "normalize", "dimensions", "request_id")
+    INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    input_ids: bytes
+    lengths: bytes
+    token_type_ids: bytes
+    priority: Priority
+    normalize: bool
+    dimensions: int
+    request_id: str
+    def __init__(self, input_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., priority: _Optional[_Union[Priority, str]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedReply(_message.Message):
+    __slots__ = ("output", "num_tokens")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    output: Tensor
+    num_tokens: int
+    def __init__(self, output: _Optional[_Union[Tensor, _Mapping]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoReply(_message.Message):
+    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    architecture: str
+    task: str
+    dimension: int
+    max_seq_length: int
+    device: str
+    dtype: str
+    ready: bool
+    attention: str
+    pending_tokens: int
+    max_batch_tokens: int
+    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,3 @@
+from bouquet.server.main import main
+
+main()

@@ -1,0 +1,104 @@
+"""Entry point of one server replica process: ``python -m bouquet.server --config JSON ...``.
+
+Binds its gRPC port first (so the gateway can see it loading), then loads the model, runs a
+warm-up batch and only then reports ready. Writes the bound port to ``--port-file``. Exits on
+SIGTERM after draining in-flight requests, and dies with its parent (PR_SET_PDEATHSIG on Linux)
+so that a killed launcher leaves no orphan holding a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+import grpc
+
+from bouquet.config import ServeConfig
+from bouquet.modelspec import load_spec
+from bouquet.proto.rpc import CHANNEL_OPTIONS, add_servicer
+from bouquet.server.service import InferenceService
+
+log = logging.getLogger("bouquet.server")
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def default_batch_tokens(cfg: ServeConfig, device_type: str) -> int:
+    """An explicit --max-batch-tokens wins; else 16,384 on a GPU and 2,048 on the CPU, where
+    smaller batches keep activations in cache (measured: ~15% faster on 2 cores)."""
+    if cfg.max_batch_tokens > 0:
+        return cfg.max_batch_tokens
+    return 16384 if device_type == "cuda" else 2048
+
+
+async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> None:
+    import torch  # the server process is where torch lives; imported after argument parsing
+
+    from bouquet.engine.engine import Engine, resolve_device
+
+    spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
+    dev = resolve_device(device or cfg.device)
+    if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+    service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    add_servicer(server, service)
+    port = server.add_insecure_port(f"{cfg.host if cfg.servers else '127.0.0.1'}:{cfg.grpc_port}")
+    await server.start()
+    if port_file:
+        tmp = port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.replace(tmp, port_file)
+    log.info("server: gRPC on port %d, loading %s", port, spec.path)
+    loop_task = asyncio.create_task(service.run())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    engine = await asyncio.to_thread(Engine, spec, str(dev), cfg.dtype)
+    await asyncio.to_thread(engine.warmup)
+    service.attach(engine, engine.info)
+    log.info("server: ready (%s, %s, attention=%s)", engine.info.device, engine.info.dtype, engine.info.attention)
+    await stop.wait()
+    log.info("server: draining")
+    await service.drain(timeout_s=30)
+    await server.stop(grace=5)
+    loop_task.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bouquet.server")
+    ap.add_argument("--config", required=True, help="ServeConfig as JSON")
+    ap.add_argument("--port-file", default=None)
+    ap.add_argument("--device", default=None, help="overrides the config's device, e.g. cuda:1")
+    args = ap.parse_args(argv)
+    cfg = ServeConfig.from_json(args.config)
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _die_with_parent()
+    run_async(serve(cfg, args.port_file, args.device))
+
+
+def run_async(coro: "asyncio.Future[None] | object") -> None:
+    """Run on uvloop when it is installed, else asyncio's default loop."""
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Batch formation: pure Python (numpy for the packed arrays), no torch, no asyncio.
+
+Pending sequences from all requests wait in one FIFO per priority class. ``next_batch`` takes
+sequences first-come-first-served — every `interactive` sequence before any `batch` one — until
+the token budget or the sequence-slot limit is reached. A sequence longer than the budget still
+runs, alone. What the scheduler does not own: running the engine, waiting for results, or any
+network I/O (server/service.py does those); it only decides what runs next and routes result rows
+back to their requests.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Callable
+
+import numpy as np
+
+from bouquet.engine.batch import Batch
+
+
+class Priority(IntEnum):
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+class QueueFull(Exception):
+    """The pending-token limit would be exceeded; the caller answers 429/RESOURCE_EXHAUSTED."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        super().__init__(f"queue full: {pending} tokens pending, limit {limit}")
+        self.pending, self.limit = pending, limit
+
+
+@dataclass(eq=False)
+class Request:
+    """One client request: ``seqs[i]`` is int32 token ids [len_i]; results land in ``rows[i]``.
+
+    ``on_done`` is called once, from ``Scheduler.complete``, when every row is in (or, with an
+    error message, when a row failed).
+    """
+
+    seqs: list[np.ndarray]
+    type_ids: list[np.ndarray | None] | None = None
+    priority: Priority = Priority.INTERACTIVE
+    on_done: Callable[["Request"], None] | None = None
+    rows: list[np.ndarray | None] = field(default_factory=list)
+    remaining: int = 0
+    cancelled: bool = False
+    error: str | None = None
+    queued: int = 0  # sequences not yet handed to the engine
+    queued_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.rows = [None] * len(self.seqs)
+        self.remaining = len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(len(s) for s in self.seqs))
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    batch: Batch
+    owners: list[tuple[Request, int]]  # row b of the engine output → (request, sequence index)
+
+
+@dataclass
+class SchedulerStats:
+    batches: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    cancelled_seqs: int = 0
+
+
+class Scheduler:
+    """FCFS within a priority class under a token budget. Not thread-safe: one event loop owns it."""
+
+    def __init__(self, max_batch_tokens: int, max_batch_seqs: int = 512, max_queue_tokens: int | None = None) -> None:
+        if max_batch_tokens < 1 or max_batch_seqs < 1:
+            raise ValueError(f"max_batch_tokens and max_batch_seqs must be >= 1, got {max_batch_tokens}, {max_batch_seqs}")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_seqs = max_batch_seqs
+        self.max_queue_tokens = max_queue_tokens
+        self._queues: dict[Priority, deque[tuple[Request, int]]] = {p: deque() for p in Priority}
+        self.pending_tokens = 0
+        self.stats = SchedulerStats()
+
+    def add(self, req: Request) -> None:
+        """Queue every sequence of ``req``. Raises QueueFull beyond ``max_queue_tokens`` and
+        ValueError for a request with no sequences or an empty sequence."""
+        if not req.seqs:
+            raise ValueError("a request needs at least one sequence")
+        if any(len(s) == 0 for s in req.seqs):
+            raise ValueError("every sequence needs at least one token")
+        n = req.num_tokens
+        if self.max_queue_tokens is not None and self.pending_tokens > 0 and self.pending_tokens + n > self.max_queue_tokens:
+            raise QueueFull(self.pending_tokens, self.max_queue_tokens)
+        q = self._queues[req.priority]
+        for i in range(len(req.seqs)):
+            q.append((req, i))
+        req.queued = len(req.seqs)
+        req.queued_tokens = n
+        self.pending_tokens += n
+
+    def cancel(self, req: Request) -> int:
+        """Drop ``req``'s sequences that have not run yet; returns how many were dropped.
+        Rows already in flight are discarded by ``complete``."""
+        if req.cancelled:
+            return 0
+        req.cancelled = True
+        dropped = req.queued
+        if dropped:
+            self._queues[req.priority] = deque(item for item in self._queues[req.priority] if item[0] is not req)
+            self.pending_tokens -= req.queued_tokens
+            req.queued = req.queued_tokens = 0
+            self.stats.cancelled_seqs += dropped
+        return dropped
+
+    def has_pending(self) -> bool:
+        return any(self._queues.values())
+
+    def next_batch(self) -> ScheduledBatch | None:
+        """The next batch to run, or None when nothing is pending."""
+        owners: list[tuple[Request, int]] = []
+        tokens = 0
+        for p in Priority:
+            q = self._queues[p]
+            while q and len(owners) < self.max_batch_seqs:
+                req, i = q[0]
+                n = len(req.seqs[i])
+                if owners and tokens + n > self.max_batch_tokens:
+                    break
+                q.popleft()
+                owners.append((req, i))
+                tokens += n
+                req.queued -= 1
+                req.queued_tokens -= n
+            if owners and (tokens >= self.max_batch_tokens or len(owners) >= self.max_batch_seqs or q):
+                break
+        if not owners:
+            return None
+        self.pending_tokens -= tokens
+        seqs = [r.seqs[i] for r, i in owners]
+        tts = None
+        if any(r.type_ids is not None for r, _ in owners):
+            tts = [r.type_ids[i] if r.type_ids is not None else None for r, i in owners]
+        self.stats.batches += 1
+        self.stats.sequences += len(owners)
+        self.stats.tokens += tokens
+        return ScheduledBatch(Batch.pack(seqs, tts), owners)
+
+    def complete(self, sb: ScheduledBatch, rows: np.ndarray | None, error: str | None = None) -> list[Request]:
+        """Route rows [B, D] of a finished batch to their requests (or fail them with ``error``).
+        Returns the requests that became done; their ``on_done`` has been called."""
+        done: list[Request] = []
+        for b, (req, i) in enumerate(sb.owners):
+            if req.remaining == 0:
+                continue  # already failed or finished
+            if error is not None or rows is None:
+                req.error = error or "engine failure"
+                req.remaining = 0
+            else:
+                row = rows[b]
+                if not np.isfinite(row).all():
+                    req.error = f"input {i} produced non-finite values (overflow in the model's dtype)"
+                    req.remaining = 0
+                else:
+                    req.rows[i] = row
+                    req.remaining -= 1
+            if req.remaining == 0:
+                done.append(req)
+                if req.error is not None and req.queued:
+                    self.cancel(req)  # its other sequences need not run
+                if req.on_done is not None:
+                    req.on_done(req)
+        return done

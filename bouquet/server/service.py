@@ -1,0 +1,188 @@
+"""The gRPC service of one replica: decodes requests, feeds the scheduler, drives the engine.
+
+The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (``engine.step``
+returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
+so the asyncio loop keeps serving gRPC. What this module does not own: batching policy
+(scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import grpc
+import numpy as np
+
+from bouquet.config import ServeConfig
+from bouquet.modelspec import ModelSpec
+from bouquet.proto import bouquet_pb2 as pb
+from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class StepEngine(Protocol):
+    """What the service needs from an engine (the real one, or a fake in tests)."""
+
+    def step(self, batch: Any) -> Any: ...  # returns an object with .wait() -> np.ndarray [B, D]
+
+
+class RequestError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
+    """Split packed int32 bytes into per-sequence arrays; validates lengths, ids and types.
+
+    Raises RequestError(INVALID_ARGUMENT) naming the offending sequence.
+    """
+    ids = np.frombuffer(req.input_ids, dtype="<i4")
+    lengths = np.frombuffer(req.lengths, dtype="<i4")
+    if lengths.size == 0:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request has no sequences")
+    if int(lengths.min()) < 1:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"sequence {int(np.argmin(lengths))} is empty")
+    if int(lengths.sum()) != ids.size:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"lengths sum to {int(lengths.sum())} but {ids.size} ids were sent")
+    if int(lengths.max()) > spec.max_seq_length:
+        i = int(np.argmax(lengths))
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"sequence {i} has {int(lengths[i])} tokens; the model's maximum is {spec.max_seq_length}")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size):
+        bad = int(ids[(ids < 0) | (ids >= spec.vocab_size)][0])
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"token id {bad} is outside the vocabulary [0, {spec.vocab_size})")
+    splits = np.cumsum(lengths)[:-1]
+    seqs = np.split(ids, splits)
+    tts: list[np.ndarray | None] | None = None
+    if req.token_type_ids:
+        tt = np.frombuffer(req.token_type_ids, dtype="<i4")
+        if tt.size != ids.size:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_type_ids and input_ids differ in length")
+        tts = list(np.split(tt, splits))
+    return seqs, tts
+
+
+class InferenceService:
+    """Implements ``bouquet.v1.Inference`` (see bouquet/proto/bouquet.proto)."""
+
+    def __init__(self, cfg: ServeConfig, spec: ModelSpec, max_batch_tokens: int, depth: int = 1) -> None:
+        self.cfg, self.spec = cfg, spec
+        self.engine: StepEngine | None = None
+        self.engine_info: Any = None
+        self.scheduler = Scheduler(max(max_batch_tokens, spec.max_seq_length), cfg.max_batch_seqs, cfg.max_queue_tokens)
+        self.depth = depth
+        self.ready = False
+        self.draining = False
+        self._wake = asyncio.Event()
+        self._step_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-step")
+        self._wait_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-wait")
+        self._inflight_requests = 0
+
+    def attach(self, engine: StepEngine, info: Any = None) -> None:
+        self.engine, self.engine_info = engine, info
+        self.ready = True
+        self._wake.set()
+
+    # ---- RPCs ---------------------------------------------------------------------------
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:
+        s, e = self.spec, self.engine_info
+        return pb.InfoReply(
+            model_id=s.model_id, architecture=s.architecture, task=s.task, dimension=s.dimension,
+            max_seq_length=s.max_seq_length, device=getattr(e, "device", ""), dtype=getattr(e, "dtype", ""),
+            ready=self.ready and not self.draining, attention=getattr(e, "attention", ""),
+            pending_tokens=self.scheduler.pending_tokens, max_batch_tokens=self.scheduler.max_batch_tokens,
+        )
+
+    async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedReply:
+        if not self.ready or self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "replica is not ready" if not self.ready else "replica is shutting down")
+        try:
+            seqs, tts = decode_request(request, self.spec)
+            dims = request.dimensions or None
+            if dims is not None and not 1 <= dims <= self.spec.dimension:
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"dimensions must be in [1, {self.spec.dimension}], got {dims}")
+        except RequestError as e:
+            await context.abort(e.code, e.message)
+            raise  # unreachable: abort raises
+        n_tokens = int(sum(len(s) for s in seqs))
+        if request.priority == pb.PRIORITY_INTERACTIVE:
+            prio = Priority.INTERACTIVE
+        elif request.priority == pb.PRIORITY_BATCH:
+            prio = Priority.BATCH
+        else:
+            prio = Priority.INTERACTIVE if n_tokens <= self.cfg.interactive_max_tokens else Priority.BATCH
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        req = Request(seqs, tts, prio, on_done=lambda r: fut.done() or fut.set_result(None))
+        try:
+            self.scheduler.add(req)
+        except QueueFull as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        self._wake.set()
+        self._inflight_requests += 1
+        try:
+            await fut
+        except asyncio.CancelledError:
+            dropped = self.scheduler.cancel(req)
+            log.info("request %s cancelled by its client; %d queued sequences dropped", request.request_id, dropped)
+            raise
+        finally:
+            self._inflight_requests -= 1
+        if req.error is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, req.error)
+        rows = np.stack(req.rows)  # type: ignore[arg-type]
+        if self.spec.task == "embed":
+            from bouquet.engine.pooling import finalize
+
+            normalize = request.normalize if request.HasField("normalize") else self.spec.normalize
+            rows = finalize(rows, normalize, dims)
+        out = np.ascontiguousarray(rows, dtype="<f4")
+        return pb.EmbedReply(output=pb.Tensor(data=out.tobytes(), dtype="float32", shape=list(out.shape)),
+                             num_tokens=n_tokens)
+
+    # ---- engine loop ----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Form batches and drive the engine until cancelled."""
+        loop = asyncio.get_running_loop()
+        inflight: deque[tuple[ScheduledBatch, Any, float]] = deque()
+        while True:
+            sb = None
+            if self.engine is not None and len(inflight) < self.depth:
+                sb = self.scheduler.next_batch()
+            if sb is not None:
+                try:
+                    handle = await loop.run_in_executor(self._step_pool, self.engine.step, sb.batch)  # type: ignore[union-attr]
+                except Exception as e:  # noqa: BLE001 - one bad batch must not stop the replica
+                    log.exception("engine step failed")
+                    self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
+                    continue
+                inflight.append((sb, handle, time.perf_counter()))
+                continue
+            if inflight:
+                sb0, h, _t0 = inflight.popleft()
+                try:
+                    rows = await loop.run_in_executor(self._wait_pool, h.wait)
+                except Exception as e:  # noqa: BLE001
+                    log.exception("engine result failed")
+                    self.scheduler.complete(sb0, None, error=f"engine failure: {type(e).__name__}: {e}")
+                    continue
+                self.scheduler.complete(sb0, rows)
+                continue
+            self._wake.clear()
+            if not self.scheduler.has_pending():
+                await self._wake.wait()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new work and wait (bounded) for requests in flight to finish."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self._inflight_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
