@@ -1,0 +1,94 @@
+"""Shared test utilities: real server processes on free ports, the STS Benchmark, references."""
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+STS_DIR = SHARED / "data" / "stsbenchmark"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_sts(split: str) -> tuple[list[str], list[str], np.ndarray]:
+    """STS Benchmark split → (sentences 1, sentences 2, gold scores). Tab-separated, no quoting;
+    score, s1, s2 are columns 5-7 (1-based); some rows carry extra columns after them."""
+    s1, s2, gold = [], [], []
+    with open(STS_DIR / f"sts-{split}.csv", encoding="utf-8") as f:
+        for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            gold.append(float(row[4]))
+            s1.append(row[5])
+            s2.append(row[6])
+    return s1, s2, np.asarray(gold)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+class BouquetProcess:
+    """`bouquet serve` as a real child process on free ports; stop() sends SIGTERM."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(self.port), "--device", "cpu", *args]
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bouquet-test-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, **(env or {})})
+        self.wait_healthy(startup_timeout)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"bouquet serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"bouquet serve not healthy after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def embed(self, inputs: object, **extra: object) -> httpx.Response:
+        return httpx.post(self.url + "/v1/embeddings", json={"input": inputs, **extra}, timeout=120)
+
+    def vectors(self, inputs: object, **extra: object) -> np.ndarray:
+        r = self.embed(inputs, **extra)
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        assert [d["index"] for d in data] == list(range(len(data)))
+        return np.asarray([d["embedding"] for d in data], dtype=np.float32)

@@ -1,0 +1,98 @@
+"""The scheduler on its own: pure Python, a fake engine made of hand-built result rows."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bouquet.server.scheduler import Priority, QueueFull, Request, Scheduler
+
+
+def seq(n: int, start: int = 1) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+def fake_rows(batch) -> np.ndarray:
+    """The 'engine': row b = [first token id, length] of sequence b."""
+    cu = batch.cu_seqlens
+    return np.stack([[batch.input_ids[cu[b]], cu[b + 1] - cu[b]] for b in range(batch.num_seqs)]).astype(np.float32)
+
+
+def test_fcfs_under_token_budget_and_routing():
+    s = Scheduler(max_batch_tokens=10, max_batch_seqs=8)
+    done = []
+    a = Request([seq(4, 100), seq(4, 200)], on_done=done.append)
+    b = Request([seq(3, 300), seq(5, 400)], on_done=done.append)
+    s.add(a)
+    s.add(b)
+    sb1 = s.next_batch()
+    assert [len(x) for x in np.split(sb1.batch.input_ids, sb1.batch.cu_seqlens[1:-1])] == [4, 4]  # 4+4+3 > 10
+    assert sb1.batch.cu_seqlens.tolist() == [0, 4, 8] and sb1.batch.max_seqlen == 4
+    assert sb1.batch.position_ids.tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    s.complete(sb1, fake_rows(sb1.batch))
+    assert done == [a] and a.rows[1].tolist() == [200, 4]
+    sb2 = s.next_batch()
+    assert sb2.batch.num_tokens == 8
+    s.complete(sb2, fake_rows(sb2.batch))
+    assert done == [a, b] and [r.tolist() for r in b.rows] == [[300, 3], [400, 5]]
+    assert s.next_batch() is None and s.pending_tokens == 0
+
+
+def test_overlong_sequence_runs_alone():
+    s = Scheduler(max_batch_tokens=4)
+    s.add(Request([seq(9), seq(2)]))
+    assert s.next_batch().batch.num_tokens == 9
+    assert s.next_batch().batch.num_tokens == 2
+
+
+def test_sequence_slot_limit():
+    s = Scheduler(max_batch_tokens=1000, max_batch_seqs=3)
+    s.add(Request([seq(1) for _ in range(7)]))
+    assert [s.next_batch().batch.num_seqs for _ in range(3)] == [3, 3, 1]
+
+
+def test_interactive_before_batch():
+    s = Scheduler(max_batch_tokens=8)
+    bulk = Request([seq(4, 10 * i) for i in range(1, 5)], priority=Priority.BATCH)
+    s.add(bulk)
+    first = s.next_batch()  # bulk starts running
+    q = Request([seq(2, 999)], priority=Priority.INTERACTIVE)
+    s.add(q)
+    nxt = s.next_batch()
+    assert nxt.owners[0][0] is q  # the query jumps the remaining bulk work
+    assert first.owners[0][0] is bulk
+
+
+def test_cancel_drops_queued_and_ignores_inflight_rows():
+    s = Scheduler(max_batch_tokens=4)
+    calls = []
+    r = Request([seq(4), seq(4), seq(4)], on_done=calls.append)
+    s.add(r)
+    inflight = s.next_batch()
+    assert s.cancel(r) == 2 and s.stats.cancelled_seqs == 2 and s.pending_tokens == 0
+    assert s.next_batch() is None
+    s.complete(inflight, fake_rows(inflight.batch))  # late rows of a cancelled request: harmless
+    assert calls == []
+
+
+def test_nonfinite_row_fails_only_its_request():
+    s = Scheduler(max_batch_tokens=100)
+    bad, good = Request([seq(2), seq(3)]), Request([seq(4)])
+    s.add(bad)
+    s.add(good)
+    sb = s.next_batch()
+    rows = fake_rows(sb.batch)
+    rows[1, 0] = np.inf
+    done = s.complete(sb, rows)
+    assert set(done) == {bad, good}
+    assert bad.error and "non-finite" in bad.error and good.error is None
+
+
+def test_queue_limit_and_validation():
+    s = Scheduler(max_batch_tokens=10, max_queue_tokens=10)
+    s.add(Request([seq(8)]))
+    with pytest.raises(QueueFull):
+        s.add(Request([seq(5)]))
+    with pytest.raises(ValueError):
+        s.add(Request([]))
+    with pytest.raises(ValueError):
+        s.add(Request([np.zeros(0, np.int32)]))
