@@ -112,3 +112,18 @@ def test_batched_equals_single(kind: str, tiny_dirs: dict[str, Path]) -> None:
         np.testing.assert_allclose(batched, single, atol=1e-5, rtol=0)
     else:
         assert cosine(batched, single).min() >= 0.99999
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker"])
+def test_low_precision_close_to_float32(kind: str, dtype: str, tiny_dirs: dict[str, Path]) -> None:
+    """fp16/bf16 engines agree with the float32 engine: cosine ≥ 0.99, scores within 0.02."""
+    spec = load_spec(str(tiny_dirs[kind]))
+    seqs, types = mixed_batch(spec, seed=2)
+    full = engine_rows(Engine(spec, device="cpu", dtype="float32"), seqs, types)
+    low = engine_rows(Engine(spec, device="cpu", dtype=dtype), seqs, types)
+    assert np.isfinite(low).all()
+    if kind in SCORE_KINDS:
+        np.testing.assert_allclose(low, full, atol=0.02, rtol=0)
+    else:
+        assert cosine(low, full).min() >= 0.99
