@@ -28,10 +28,14 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {k: make_tiny_model(k, root / k) for k in KINDS}
 
 
-def mixed_batch(spec: ModelSpec, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """Random ids with lengths 1 … max_seq_length; cross-encoders get a two-segment type split."""
+def mixed_batch(spec: ModelSpec, seed: int = 0, skewed: bool = False) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Random ids with lengths 1 … max_seq_length; cross-encoders get a two-segment type split.
+    ``skewed``: one long sequence among short ones, which sends the CPU attention backend down
+    its one-call-per-sequence path instead of the padded one."""
     rng = np.random.default_rng(seed)
     lengths = [1, 7, spec.max_seq_length, 3, 23, spec.max_seq_length - 1, 2]
+    if skewed:
+        lengths = [1, 2, 1, 3, 1, spec.max_seq_length]
     # ids ≥ 5 avoid the special tokens, so XLM-R's <pad> (1) never appears mid-sequence
     seqs = [rng.integers(5, spec.vocab_size, n).astype(np.int32) for n in lengths]
     if spec.task != "score" or spec.yes_no_ids is not None or spec.config.get("type_vocab_size", 1) < 2:
@@ -100,11 +104,14 @@ def test_matches_transformers(kind: str, tiny_dirs: dict[str, Path]) -> None:
         assert off.max() < 0.99, off
 
 
+@pytest.mark.parametrize("skewed", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_batched_equals_single(kind: str, tiny_dirs: dict[str, Path]) -> None:
+def test_batched_equals_single(kind: str, skewed: bool, tiny_dirs: dict[str, Path]) -> None:
     spec = load_spec(str(tiny_dirs[kind]))
     engine = Engine(spec, device="cpu", dtype="float32")
-    seqs, types = mixed_batch(spec, seed=1)
+    seqs, types = mixed_batch(spec, seed=1, skewed=skewed)
+    meta = engine.attn.prepare(torch.from_numpy(Batch.pack(seqs).cu_seqlens), max(len(s) for s in seqs), False)
+    assert (meta.lengths is not None) == skewed  # both CPU attention paths are covered
     batched = engine.step(Batch.pack(seqs, types)).wait()
     single = np.concatenate([engine.step(Batch.pack([s], None if types is None else [types[i]])).wait()
                              for i, s in enumerate(seqs)])
