@@ -139,6 +139,7 @@ class Qwen3ForCausalLM(nn.Module):
     Raises ValueError when ``yes_no_ids`` is missing or outside the vocabulary.
     """
 
+    IGNORED_KEYS: tuple[str, ...] = ()  # per instance: (lm_head.weight,) when the head is tied
     PREFIXES: tuple[str, ...] = ()
 
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend, yes_no_ids: tuple[int, int] | None = None) -> None:
@@ -149,7 +150,7 @@ class Qwen3ForCausalLM(nn.Module):
         self.tied = bool(cfg.get("tie_word_embeddings", False))
         if not self.tied:
             self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
-        self.IGNORED_KEYS: tuple[str, ...] = (r"lm_head\.weight",) if self.tied else ()
+        self.IGNORED_KEYS = (r"lm_head\.weight",) if self.tied else ()
         self.yes_no_ids = yes_no_ids
         self.causal = self.model.causal
         self.yes_no: torch.Tensor | None = None  # [2, hidden], set by fuse()
