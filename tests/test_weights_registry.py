@@ -78,3 +78,16 @@ def test_reranker_detection(dirs: dict[str, Path]) -> None:
     assert spec.task == "score" and spec.dimension == 1 and spec.pooling == "last"
     assert spec.yes_no_ids == (tok.token_to_id("yes"), tok.token_to_id("no"))
     assert spec.pair_template is not None and "{query}" in spec.pair_template and "{document}" in spec.pair_template
+
+
+@pytest.mark.parametrize("extra,causal", [
+    ({}, True), ({"is_bidirectional": True}, False), ({"is_causal": False}, False),
+    ({"is_bidirectional": True, "bouquet": {"causal": True}}, True),
+])
+def test_causal_conventions(extra: dict, causal: bool) -> None:
+    from bouquet.modelspec import is_causal, spec_from_config
+
+    cfg = {"architectures": ["Qwen3Model"], "hidden_size": 64, "vocab_size": 100, **extra}
+    assert is_causal(cfg) is causal
+    assert spec_from_config(cfg).pooling == ("last" if causal else "mean")
+    assert not is_causal({"architectures": ["BertModel"]})
