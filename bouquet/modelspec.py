@@ -71,9 +71,16 @@ class ModelSpec:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     num_labels: int = 0  # cross-encoders
-    # Qwen3-Reranker style: the LM head's "yes"/"no" token ids scored at the last position.
+    # Qwen3-Reranker style: the LM head's "yes"/"no" token ids scored at the last position;
+    # the engine returns logit(yes) − logit(no), so sigmoid(score) = P("yes").
     yes_no_ids: tuple[int, int] | None = None
-    append_eos_id: int | None = None  # Qwen3-Embedding: an EOS is appended and pooled
+    # Qwen3-Embedding: <|endoftext|> ends every sequence and is the pooled token. The gateway
+    # appends it unless the tokenizer's post-processor already did.
+    append_eos_id: int | None = None
+    # Causal-LM rerankers: the whole input text, with {instruction} {query} {document}
+    # placeholders (tokenized as one sequence, no token types).
+    pair_template: str | None = None
+    default_instruction: str | None = None
 
     @property
     def tokenizer_path(self) -> Path:
@@ -106,6 +113,55 @@ def _st_pooling(path: Path, modules: list[dict[str, Any]]) -> tuple[Pooling | No
     return pooling, normalize
 
 
+def is_causal(cfg: dict[str, Any]) -> bool:
+    """Whether attention is causal: decoder architectures (Qwen3, Qwen2) are, unless config.json
+    says ``"is_bidirectional": true`` (or ``"is_causal": false``, or ``"bouquet": {"causal":
+    false}``) — the bidirectional Qwen3 embedders, which then default to mean pooling."""
+    arch = (cfg.get("architectures") or [""])[0]
+    if arch not in _CAUSAL_ARCHS:
+        return False
+    override = (cfg.get("bouquet") or {}).get("causal")
+    if override is not None:
+        return bool(override)
+    return not cfg.get("is_bidirectional", False) and cfg.get("is_causal", True) is not False
+
+
+# Qwen3-Reranker's prompt (its model card): a chat turn asking for "yes" or "no", scored at the
+# position after the assistant's empty think block. Placeholders: {instruction} {query} {document}.
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _is_lm_reranker(arch: str, cfg: dict[str, Any], name: str) -> bool:
+    """A causal LM served as a yes/no reranker: said by ``"bouquet": {"task": "score"}``,
+    ``"is_reranker": true``, or a model name/directory containing "reranker"."""
+    if arch not in _CAUSAL_ARCHS or not arch.endswith("ForCausalLM"):
+        return False
+    task = (cfg.get("bouquet") or {}).get("task")
+    if task is not None:
+        return task == "score"
+    return bool(cfg.get("is_reranker")) or "reranker" in name.lower()
+
+
+def _vocab_id(path: Path | None, token: str) -> int | None:
+    """The id of ``token`` in tokenizer.json (added tokens first, then the model's vocab)."""
+    if path is None or not (path / "tokenizer.json").exists():
+        return None
+    tok = _read_json(path / "tokenizer.json")
+    for t in tok.get("added_tokens") or []:
+        if t.get("content") == token:
+            return int(t["id"])
+    vocab = (tok.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):  # BPE / WordPiece; byte-level BPE spells "yes" as is
+        return int(vocab[token]) if token in vocab else None
+    return None
+
+
 def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     """Read a model directory into a ModelSpec. Raises ModelError with the offending file/value."""
     path = resolve_model_path(model)
@@ -114,21 +170,44 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
         raise ModelError(f"{path} has no config.json")
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{path} has no tokenizer.json (a fast tokenizer file is required)")
-    cfg = _read_json(cfg_path)
+    modules = _read_json(path / "modules.json") if (path / "modules.json").exists() else []
+    st_cfg_path = path / "config_sentence_transformers.json"
+    st_cfg = _read_json(st_cfg_path) if st_cfg_path.exists() else {}
+    sbc = path / "sentence_bert_config.json"
+    st_max = _read_json(sbc).get("max_seq_length") if sbc.exists() else None
+    model_id = served_name or (DEFAULT_MODEL_ID if model is None else str(model))
+    return spec_from_config(_read_json(cfg_path), path, model_id, modules, st_cfg, st_max,
+                            name_hint=f"{model} {path.name}")
+
+
+def spec_from_config(
+    cfg: dict[str, Any],
+    path: Path | None = None,
+    model_id: str = "model",
+    modules: list[dict[str, Any]] | None = None,
+    st_cfg: dict[str, Any] | None = None,
+    st_max_seq_length: int | None = None,
+    name_hint: str = "",
+) -> ModelSpec:
+    """A ModelSpec from an already-read config.json (plus sentence-transformers files when the
+    directory has them). ``path`` None is for in-memory models (bench/gpu_models_check.py): no
+    tokenizer is read then. Raises ModelError with the offending value."""
     archs = cfg.get("architectures") or []
     if not archs:
-        raise ModelError(f"{cfg_path} names no 'architectures'")
+        raise ModelError(f"config of {model_id} names no 'architectures'")
     arch = archs[0]
-    modules = _read_json(path / "modules.json") if (path / "modules.json").exists() else []
-    st_pool, st_norm = _st_pooling(path, modules)
+    modules = modules or []
+    st_cfg = st_cfg or {}
+    st_pool, st_norm = _st_pooling(path, modules) if path is not None else (None, False)
     bouquet_cfg = cfg.get("bouquet", {})  # optional overrides written by a deployer
-    causal = arch in _CAUSAL_ARCHS and not cfg.get("is_bidirectional", False)
-    task: Task = "score" if arch in _SCORE_ARCHS or cfg.get("is_reranker") else "embed"
+    causal = is_causal(cfg)
+    lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
+    task: Task = "score" if arch in _SCORE_ARCHS or lm_reranker else "embed"
     if st_pool is not None:
         pooling: Pooling = st_pool
     elif task == "score" and arch in _SCORE_ARCHS:
         pooling = "cls"
-    elif causal or cfg.get("is_reranker"):
+    elif causal or lm_reranker:
         pooling = "last"
     else:
         pooling = "mean"
@@ -138,19 +217,22 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     max_len = int(cfg.get("max_position_embeddings", 512))
     if cfg.get("model_type") in ("xlm-roberta", "roberta"):
         max_len -= int(cfg.get("pad_token_id", 1)) + 1  # positions start after padding_idx
-    sbc = path / "sentence_bert_config.json"
-    if sbc.exists() and _read_json(sbc).get("max_seq_length"):
-        max_len = min(max_len, int(_read_json(sbc)["max_seq_length"]))
+    if st_max_seq_length:
+        max_len = min(max_len, int(st_max_seq_length))
     max_len = int(bouquet_cfg.get("max_seq_length", max_len))
 
-    st_cfg_path = path / "config_sentence_transformers.json"
-    st_cfg = _read_json(st_cfg_path) if st_cfg_path.exists() else {}
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
     dims = tuple(int(d) for d in bouquet_cfg.get("matryoshka_dimensions", ()))
 
     yes_no: tuple[int, int] | None = None
-    if cfg.get("is_reranker"):
-        yes_no = (int(cfg["yes_token_id"]), int(cfg["no_token_id"]))
+    pair_template = None
+    if lm_reranker:
+        yes = cfg.get("yes_token_id", _vocab_id(path, "yes"))
+        no = cfg.get("no_token_id", _vocab_id(path, "no"))
+        if yes is None or no is None:
+            raise ModelError(f"reranker {model_id}: no 'yes'/'no' token in tokenizer.json and no yes_token_id/no_token_id in config.json")
+        yes_no = (int(yes), int(no))
+        pair_template = str(bouquet_cfg.get("pair_template", QWEN3_RERANKER_TEMPLATE))
     num_labels = 0
     if arch in _SCORE_ARCHS:
         num_labels = len(cfg.get("id2label") or {"0": "LABEL_0"})
@@ -159,11 +241,16 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     else:
         dimension = int(cfg["hidden_size"])
     append_eos = None
-    if causal and task == "embed" and cfg.get("eos_token_id") is not None:
-        append_eos = int(cfg["eos_token_id"])
-    model_id = served_name or (DEFAULT_MODEL_ID if model is None else str(model))
+    if causal and task == "embed":
+        # Qwen3-Embedding pools on <|endoftext|>, which its tokenizer appends; prefer the
+        # tokenizer's id over config.json's eos_token_id (a chat model's <|im_end|> in some copies).
+        eos = _vocab_id(path, "<|endoftext|>")
+        if eos is None:
+            eos = cfg.get("eos_token_id")
+            eos = eos[0] if isinstance(eos, list) else eos
+        append_eos = None if eos is None else int(eos)
     return ModelSpec(
-        path=path,
+        path=path if path is not None else Path("."),
         model_id=model_id,
         architecture=arch,
         config=cfg,
@@ -180,6 +267,8 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
         num_labels=num_labels,
         yes_no_ids=yes_no,
         append_eos_id=append_eos,
+        pair_template=pair_template,
+        default_instruction=QWEN3_DEFAULT_INSTRUCTION if lm_reranker else None,
     )
 
 

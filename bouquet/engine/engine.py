@@ -76,28 +76,45 @@ class EngineInfo:
 
 
 class Engine:
-    """Raises WeightError/UnsupportedArchitecture/ValueError at construction on a bad model."""
+    """One model on one device. Raises WeightError/UnsupportedArchitecture/ValueError at
+    construction on a bad model.
 
-    def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None) -> None:
+    ``state``: an in-memory checkpoint (Hugging Face names, tensors on any device) used instead
+    of reading ``spec.path``; see ``from_state_dict``.
+    """
+
+    def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
+                 state: dict[str, torch.Tensor] | None = None) -> None:
         t0 = time.perf_counter()
         self.spec = spec
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.attn: AttentionBackend = select_backend(self.device, self.dtype, attention)
-        cls = model_class(spec.architecture)
+        cls = model_class(spec.architecture, spec.task)
+        extra = {"yes_no_ids": spec.yes_no_ids} if spec.yes_no_ids is not None else {}
         with torch.device("meta"):
-            model = cls(spec.config, self.attn)
-        state = load_safetensors(spec.path)
-        self.loaded = assign_weights(model, state, cls.IGNORED_KEYS, cls.PREFIXES)
+            model = cls(spec.config, self.attn, **extra)
+        if state is None:
+            state = load_safetensors(spec.path)
+        # Instance attributes: what a model skips can depend on its config (tied embeddings).
+        self.loaded = assign_weights(model, state, model.IGNORED_KEYS, model.PREFIXES)
         model = model.to(device=self.device, dtype=self.dtype).eval()
         model.fuse()
         self.model = model
-        self.causal = bool(getattr(model, "causal", False))
+        self.causal = bool(model.causal)
         self.out_dim = spec.dimension
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)
         log.info("engine: %s on %s (%s), %d tensors loaded in %.2fs", spec.architecture, self.device,
                  self.info.dtype, len(self.loaded), self.info.load_seconds)
+
+    @classmethod
+    def from_state_dict(cls, spec: ModelSpec, state: dict[str, torch.Tensor], device: str = "auto",
+                        dtype: str = "auto", attention: str | None = None) -> "Engine":
+        """Build from tensors already in memory (e.g. a transformers model's ``state_dict()`` on
+        the GPU: no disk round trip). Tensors already on ``device`` in ``dtype`` are used without
+        a copy. Same checks and errors as loading from disk."""
+        return cls(spec, device, dtype, attention, state=state)
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -14,19 +14,26 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3Model": ("qwen3", "Qwen3Model"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
 }
+# Checkpoints whose architecture names a head the task does not use: Qwen3-Embedding ships as
+# Qwen3ForCausalLM, but embedding needs only the decoder (its lm_head is skipped explicitly).
+TASK_OVERRIDES: dict[tuple[str, str], tuple[str, str]] = {
+    ("Qwen3ForCausalLM", "embed"): ("qwen3", "Qwen3Model"),
+}
 
 
 class UnsupportedArchitecture(ValueError):
     pass
 
 
-def model_class(architecture: str) -> type[torch.nn.Module]:
-    """Raises UnsupportedArchitecture listing what is supported."""
+def model_class(architecture: str, task: str = "embed") -> type[torch.nn.Module]:
+    """The class serving ``architecture`` for ``task`` ("embed" or "score").
+
+    Raises UnsupportedArchitecture listing what is supported."""
     if architecture not in ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"architecture {architecture!r} is not supported; supported: {sorted(ARCHITECTURES)}"
         )
-    mod, cls = ARCHITECTURES[architecture]
+    mod, cls = TASK_OVERRIDES.get((architecture, task), ARCHITECTURES[architecture])
     try:
         return getattr(importlib.import_module(f"bouquet.engine.models.{mod}"), cls)
     except ModuleNotFoundError as e:  # registered but not yet implemented in this build

@@ -41,9 +41,13 @@ class TextTokenizer:
         base.no_padding()
         base.no_truncation()
         self.spec = spec
+        # Causal embedding models (Qwen3-Embedding) pool on a trailing <|endoftext|>. Their real
+        # tokenizer.json appends it in its post-processor (then truncation keeps it and it counts
+        # in the limit); with a tokenizer that does not, the gateway appends it after encoding and
+        # keeps one token of room for it.
         self.eos = spec.append_eos_id
-        # Room for the EOS that causal embedding models pool on.
-        self.max_len = spec.max_seq_length - (1 if self.eos is not None else 0)
+        appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
+        self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
         self._trunc: dict[str, Tokenizer] = {}
         for side in ("left", "right"):
@@ -67,7 +71,7 @@ class TextTokenizer:
         if long_idx:
             if not truncate:
                 i = long_idx[0]
-                raise TooLong(i, len(encs[i].ids) + (1 if self.eos is not None else 0), self.spec.max_seq_length)
+                raise TooLong(i, len(encs[i].ids) + self.spec.max_seq_length - self.max_len, self.spec.max_seq_length)
             again = self._trunc[side].encode_batch([texts[i] for i in long_idx])
             for i, e in zip(long_idx, again):
                 encs[i] = e

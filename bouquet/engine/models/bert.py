@@ -7,7 +7,6 @@ no pooling here (``engine/pooling.py`` owns that); ``head`` maps pooled rows to 
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -15,14 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
-
-ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-}
+from bouquet.engine.layers import activation, fuse_linears
 
 
 class BertEmbeddings(nn.Module):
@@ -88,16 +80,15 @@ class BertLayer(nn.Module):
         self.output = BertOutput(h, i, eps)
         self.num_heads = cfg["num_attention_heads"]
         self.head_dim = h // self.num_heads
-        self.act = ACTIVATIONS[cfg.get("hidden_act", "gelu")]
+        self.act = activation(cfg.get("hidden_act", "gelu"))
         self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # fused after loading
 
     def fuse(self) -> None:
         """Concatenate q/k/v into one [3h, h] matmul (one GEMM instead of three)."""
         s = self.attention.self
-        self.qkv = (
-            torch.cat([s.query.weight, s.key.weight, s.value.weight]).detach(),
-            torch.cat([s.query.bias, s.key.bias, s.value.bias]).detach(),
-        )
+        w, b = fuse_linears(s.query, s.key, s.value)
+        assert b is not None  # BERT's projections always carry biases
+        self.qkv = (w, b)
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
         T, h = x.shape
@@ -130,14 +121,18 @@ class BertModel(nn.Module):
 
     IGNORED_KEYS: tuple[str, ...] = (r"pooler\..*", r"embeddings\.position_ids", r"cls\..*", r"lm_head\..*")
     PREFIXES: tuple[str, ...] = ("bert.", "model.")
-    position_offset = 0
+    causal = False
 
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend) -> None:
         super().__init__()
-        self.embeddings = BertEmbeddings(cfg, self.position_offset)
+        self.embeddings = BertEmbeddings(cfg, self.position_offset(cfg))
         self.encoder = BertEncoder(cfg)
         self.attn = attn
-        self.causal = False
+
+    @staticmethod
+    def position_offset(cfg: dict[str, Any]) -> int:
+        """Index of position 0 in ``position_embeddings`` (0 for BERT)."""
+        return 0
 
     def fuse(self) -> None:
         for layer in self.encoder.layer:
@@ -153,32 +148,48 @@ class BertModel(nn.Module):
         return pooled  # [B, hidden]
 
 
+def num_labels(cfg: dict[str, Any]) -> int:
+    """Classifier outputs: ``id2label``'s size, else ``num_labels``, else 1 (rerankers)."""
+    return len(cfg["id2label"]) if cfg.get("id2label") else int(cfg.get("num_labels", 1))
+
+
 class BertForSequenceClassification(nn.Module):
-    """Cross-encoder: CLS → pooler (dense + tanh) → classifier → logits [B, num_labels]."""
+    """Cross-encoder (ms-marco MiniLM, bge-reranker on BERT): CLS row → pooler (dense + tanh) →
+    classifier → logits [B, num_labels] float32. The engine returns raw logits; the API layer
+    applies the sigmoid. Follows HF ``BertForSequenceClassification`` (dropout is identity at
+    inference).
+
+    Subclasses change the encoder (``encoder_cls``), its attribute name (``base_name``, the
+    checkpoint prefix) and the head (``build_head``/``head``).
+    """
 
     IGNORED_KEYS: tuple[str, ...] = (r"bert\.embeddings\.position_ids",)
     PREFIXES: tuple[str, ...] = ()
-    encoder_cls = BertModel
+    encoder_cls: type[BertModel] = BertModel
     base_name = "bert"
+    causal = False
 
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend) -> None:
         super().__init__()
-        base = self.encoder_cls(cfg, attn)
-        setattr(self, self.base_name, base)
-        base.pooler = BertPooler(cfg["hidden_size"])
-        self.classifier = nn.Linear(cfg["hidden_size"], len(cfg.get("id2label") or {"0": 0}))
-        self.causal = False
+        setattr(self, self.base_name, self.encoder_cls(cfg, attn))
+        self.build_head(cfg)
+
+    def build_head(self, cfg: dict[str, Any]) -> None:
+        self.base.pooler = BertPooler(cfg["hidden_size"])
+        self.classifier = nn.Linear(cfg["hidden_size"], num_labels(cfg))
+
+    @property
+    def base(self) -> BertModel:
+        return getattr(self, self.base_name)
 
     def fuse(self) -> None:
-        getattr(self, self.base_name).fuse()
+        self.base.fuse()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor:
-        return getattr(self, self.base_name)(input_ids, position_ids, token_type_ids, meta)
+        """Packed ids/positions/types [T] int64 → hidden [T, hidden] in the model dtype."""
+        return self.base(input_ids, position_ids, token_type_ids, meta)
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
-        p = getattr(self, self.base_name).pooler.dense
-        return self.classifier(torch.tanh(p(pooled.to(p.weight.dtype)))).float()  # [B, num_labels]
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+        """pooled CLS rows [B, hidden] float32 → logits [B, num_labels] float32."""
+        p = self.base.pooler.dense
+        return self.classifier(torch.tanh(p(pooled.to(p.weight.dtype)))).float()
