@@ -18,10 +18,14 @@ from typing import Any, AsyncIterator
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from bouquet.config import ServeConfig
+from bouquet.gateway.auth import APIKeyMiddleware
 from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from bouquet.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.replicas import ReplicaPool
 from bouquet.gateway.tokenization import Encoded, TextTokenizer, TooLong
@@ -32,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs).
 _INLINE_TOKENIZE_CHARS = 4096
+TOKENIZER_THREADS = 4
 PRIORITIES = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH, "auto": pb.PRIORITY_AUTO}
 
 
@@ -46,7 +51,8 @@ class Gateway:
     public_id: str
     names: frozenset[str]
     created: int = field(default_factory=lambda: int(time.time()))
-    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="bouquet-tok"))
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="bouquet-tok"))
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
     def check_model(self, model: Any) -> None:
         if model is None:
@@ -57,8 +63,26 @@ class Gateway:
             raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'",
                            "model", "model_not_found")
 
-    async def run_tokenizer(self, fn: Any, *args: Any) -> Encoded:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+    async def run_tokenizer(self, fn: Any, *args: Any) -> Any:
+        """Run a tokenizer call inline when ``args[0]`` is small, else on the tokenizer threads;
+        the time taken is recorded in the tokenization histogram."""
+        t0 = time.perf_counter()
+        try:
+            items = args[0] if args and isinstance(args[0], list) else []
+            if sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in items) <= _INLINE_TOKENIZE_CHARS:
+                return fn(*args)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
+
+    async def infer(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None = None, normalize: bool | None = None,
+                    dimensions: int | None = None, priority: int = pb.PRIORITY_AUTO) -> np.ndarray:
+        """ReplicaPool.infer, timed into the inference histogram. Returns float32 [B, D]."""
+        t0 = time.perf_counter()
+        try:
+            return await self.pool.infer(seqs, type_ids, normalize, dimensions, priority)
+        finally:
+            self.metrics.inference_seconds.observe(time.perf_counter() - t0)
 
     async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None) -> Encoded:
         """Texts or token ids → Encoded. Raises APIError 400 (too long with truncation off, bad ids)."""
@@ -68,8 +92,6 @@ class Gateway:
             texts = inputs.texts or []
             if prompt:
                 texts = [prompt + t for t in texts]
-            if sum(len(t) for t in texts) <= _INLINE_TOKENIZE_CHARS:
-                return self.tokenizer.encode(texts, truncate, side)  # type: ignore[arg-type]
             return await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
         except TooLong as e:
             raise bad_request(str(e), "input", "context_length_exceeded") from None
@@ -143,22 +165,34 @@ async def embeddings_route(request: Request) -> Response:
     if gw.spec.task != "embed":
         raise bad_request(f"model '{gw.public_id}' is a scoring model; use /v1/rerank or /v1/score", "model", "wrong_task")
     prompt = gw.resolve_prompt(body) if inputs.texts is not None else None
-    vectors, tokens = await embed(gw, inputs, mode, side, prompt, normalize, dims, priority)
-    data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encode_vectors(vectors, fmt))]
+    res = await embed(gw, inputs, mode, side, prompt, normalize, dims, priority)
+    data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encode_vectors(res.vectors, fmt))]
+    if res.chunks is not None:  # long_input "chunks": one vector per window, with its offsets
+        for item, windows in zip(data, res.chunks):
+            vecs = encode_vectors(np.stack([w.vector for w in windows]), fmt)
+            item["chunks"] = [w.to_json(v) for w, v in zip(windows, vecs)]
     return json_response({"object": "list", "data": data, "model": gw.public_id,
-                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+                          "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: np.ndarray  # float32 [N, D], one row per input
+    tokens: int  # tokens embedded (every window counted in chunk modes)
+    chunks: list[list[Any]] | None = None  # long_input "chunks": per input, its long_inputs.Window list
 
 
 async def embed(gw: Gateway, inputs: TextInputs, mode: str, side: str, prompt: str | None,
-                normalize: bool | None, dims: int | None, priority: int = pb.PRIORITY_AUTO) -> tuple[np.ndarray, int]:
-    """Inputs → ([N, D] float32 vectors, tokens embedded). Shared by the OpenAI and TEI routes."""
+                normalize: bool | None, dims: int | None, priority: int = pb.PRIORITY_AUTO) -> EmbedResult:
+    """Inputs → EmbedResult. Shared by the OpenAI and TEI routes. Raises APIError."""
     if mode in ("chunk_mean", "chunks"):
         from bouquet.gateway.long_inputs import embed_long
 
-        return await embed_long(gw, inputs, mode, side, prompt, normalize, dims, priority)
+        vectors, tokens, chunks = await embed_long(gw, inputs, prompt, normalize, dims, priority)
+        return EmbedResult(vectors, tokens, chunks if mode == "chunks" else None)
     enc = await gw.tokenize(inputs, mode == "truncate", side, prompt)
-    vectors = await gw.pool.infer(enc.ids, None, normalize, dims, priority)
-    return vectors, enc.num_tokens
+    vectors = await gw.infer(enc.ids, None, normalize, dims, priority)
+    return EmbedResult(vectors, enc.num_tokens)
 
 
 async def health_route(request: Request) -> Response:
@@ -197,12 +231,59 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
     async def _api_error(request: Request, exc: APIError) -> Response:
         return exc.response_for(request.url.path)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Unknown routes (404) and wrong methods (405) answer JSON in the family's shape, not HTML.
+        if exc.status_code == 404:
+            msg = f"no route {request.method} {request.url.path}; see /openapi.json"
+        elif exc.status_code == 405:
+            msg = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            msg = str(exc.detail)
+        return APIError(exc.status_code, msg, None, "not_found" if exc.status_code == 404 else "method_not_allowed",
+                        headers=dict(exc.headers or {})).response_for(request.url.path)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
         return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error").response_for(request.url.path)
 
-    app.add_api_route("/health", health_route, methods=["GET"], summary="200 once a replica has loaded and warmed up; 503 before")
-    app.add_api_route("/v1/models", models_route, methods=["GET"], summary="The served model (OpenAI shape)")
-    app.add_api_route("/v1/embeddings", embeddings_route, methods=["POST"], summary="OpenAI embeddings")
+    add_routes(app)
+    gw.metrics.watch_replicas(gw.pool)
+    if cfg.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key)
+    routes = frozenset(r.path for r in app.routes if hasattr(r, "path"))
+    app.add_middleware(MetricsMiddleware, metrics=gw.metrics, routes=routes)  # outermost: counts 401s too
     return app
+
+
+async def metrics_route(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return Response(gw.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+def add_routes(app: FastAPI) -> None:
+    """Register every route with its OpenAPI description (schemas: openapi_docs.py)."""
+    from bouquet.gateway import openapi_docs as d
+    from bouquet.gateway import routes_scoring, routes_tei
+
+    obj = {"type": "object"}
+    app.add_api_route("/health", health_route, methods=["GET"], **d.route_docs(None, obj),
+                      summary="200 once a replica has loaded and warmed up; 503 before")
+    app.add_api_route("/metrics", metrics_route, methods=["GET"], **d.route_docs(None, {"type": "string"}, media_type="text/plain"),
+                      summary="Prometheus metrics (gateway, and per replica)")
+    app.add_api_route("/v1/models", models_route, methods=["GET"], **d.route_docs(None, obj), summary="The served model (OpenAI shape)")
+    app.add_api_route("/v1/embeddings", embeddings_route, methods=["POST"], summary="OpenAI embeddings (+ extensions)",
+                      **d.route_docs(d.EMBEDDINGS_REQUEST, d.EMBEDDINGS_RESPONSE))
+    app.add_api_route("/v1/rerank", routes_scoring.rerank_route, methods=["POST"], summary="Cohere/Jina-style rerank",
+                      **d.route_docs(d.RERANK_REQUEST, d.RERANK_RESPONSE))
+    app.add_api_route("/v1/score", routes_scoring.score_route, methods=["POST"], summary="vLLM-style pair scores",
+                      **d.route_docs(d.SCORE_REQUEST, d.SCORE_RESPONSE))
+    app.add_api_route("/embed", routes_tei.embed_route, methods=["POST"], summary="TEI embed",
+                      **d.route_docs(d.TEI_EMBED_REQUEST, d.TEI_EMBED_RESPONSE, tei=True))
+    app.add_api_route("/rerank", routes_tei.rerank_route, methods=["POST"], summary="TEI rerank",
+                      **d.route_docs(d.TEI_RERANK_REQUEST, d.TEI_RERANK_RESPONSE, tei=True))
+    app.add_api_route("/tokenize", routes_tei.tokenize_route, methods=["POST"], summary="TEI tokenize",
+                      **d.route_docs(d.TEI_TOKENIZE_REQUEST, d.TEI_TOKENIZE_RESPONSE, tei=True))
+    app.add_api_route("/info", routes_tei.info_route, methods=["GET"], summary="TEI info",
+                      **d.route_docs(None, d.TEI_INFO_RESPONSE, tei=True))

@@ -8,7 +8,7 @@ is known; only the over-long ones are encoded again with a truncating copy of th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -58,6 +58,7 @@ class TextTokenizer:
             tp.enable_truncation(self.max_len, strategy="only_second", direction=side)
             self._trunc[side + "_pair"] = tp
         self.vocab_size = spec.vocab_size
+        self._windowers: dict[int, Tokenizer] = {}  # by overlap; built on first long input
 
     def _finish(self, ids: list[int]) -> np.ndarray:
         if self.eos is not None and (not ids or ids[-1] != self.eos):
@@ -78,11 +79,14 @@ class TextTokenizer:
         ids = [self._finish(e.ids) for e in encs]
         return Encoded(ids, None, int(sum(len(x) for x in ids)))
 
-    def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right") -> Encoded:
+    def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right", truncate: bool = True) -> Encoded:
         """(query, document) pairs → ids and token types; over-long pairs lose document tokens
-        only (``only_second``), never query tokens."""
+        only (``only_second``), never query tokens. Raises TooLong when ``truncate`` is off, and
+        ValueError when a query alone leaves no room for its document."""
         encs = self._plain.encode_batch(pairs)
         long_idx = [i for i, e in enumerate(encs) if len(e.ids) > self.max_len]
+        if long_idx and not truncate:
+            raise TooLong(long_idx[0], len(encs[long_idx[0]].ids), self.spec.max_seq_length)
         if long_idx:
             again = self._trunc[side + "_pair"].encode_batch([pairs[i] for i in long_idx])
             for i, e in zip(long_idx, again):
@@ -110,3 +114,38 @@ class TextTokenizer:
                 arr = arr[: self.spec.max_seq_length] if side == "right" else arr[-self.spec.max_seq_length:]
             out.append(arr.astype(np.int32))
         return Encoded(out, None, int(sum(len(x) for x in out)))
+
+    # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------
+    def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Any]:
+        """Texts → ``tokenizers.Encoding`` objects (ids, tokens, offsets), never truncated."""
+        return self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+    def finish(self, ids: list[int]) -> np.ndarray:
+        """Token ids → int32 array, with the model's pooled EOS appended when it needs one."""
+        return self._finish(ids)
+
+    def windows(self, texts: list[str], overlap: int) -> list[list[tuple[np.ndarray, int, int, int, int]]]:
+        """Split each text into overlapping windows that each fit the model.
+
+        Returns per text a list of (ids int32 [n], token_start, token_end, char_start, char_end):
+        token offsets count the text's own tokens (special tokens excluded), end exclusive;
+        consecutive windows share ``overlap`` tokens. Special tokens are added to every window.
+        """
+        t = self._windowers.get(overlap)
+        if t is None:
+            t = Tokenizer.from_str(self._plain.to_str())
+            t.enable_truncation(self.max_len, stride=overlap, strategy="longest_first", direction="right")
+            self._windowers[overlap] = t
+        out = []
+        for enc in t.encode_batch(texts):
+            parts, start = [enc, *enc.overflowing], 0
+            wins = []
+            for k, part in enumerate(parts):
+                content = [o for o, sp in zip(part.offsets, part.special_tokens_mask) if not sp]
+                n = len(content)
+                if k:
+                    start = wins[-1][2] - overlap
+                chars = (content[0][0], content[-1][1]) if content else (0, 0)
+                wins.append((self._finish(part.ids), start, start + n, *chars))
+            out.append(wins)
+        return out

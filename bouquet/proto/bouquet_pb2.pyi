@@ -57,7 +57,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens")
+    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens", "inflight_requests", "batches", "batch_sequences", "batch_tokens", "cancelled_sequences", "graph_captures", "graph_replays", "batch_tokens_le", "batch_tokens_cumulative", "batch_sequences_le", "batch_sequences_cumulative", "step_seconds_sum")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,18 @@ class InfoReply(_message.Message):
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     PENDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_CAPTURES_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_LE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_CUMULATIVE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SEQUENCES_LE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SEQUENCES_CUMULATIVE_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_SUM_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     architecture: str
     task: str
@@ -80,4 +92,16 @@ class InfoReply(_message.Message):
     attention: str
     pending_tokens: int
     max_batch_tokens: int
-    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ...) -> None: ...
+    inflight_requests: int
+    batches: int
+    batch_sequences: int
+    batch_tokens: int
+    cancelled_sequences: int
+    graph_captures: int
+    graph_replays: int
+    batch_tokens_le: _containers.RepeatedScalarFieldContainer[float]
+    batch_tokens_cumulative: _containers.RepeatedScalarFieldContainer[int]
+    batch_sequences_le: _containers.RepeatedScalarFieldContainer[float]
+    batch_sequences_cumulative: _containers.RepeatedScalarFieldContainer[int]
+    step_seconds_sum: float
+    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., batches: _Optional[int] = ..., batch_sequences: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., cancelled_sequences: _Optional[int] = ..., graph_captures: _Optional[int] = ..., graph_replays: _Optional[int] = ..., batch_tokens_le: _Optional[_Iterable[float]] = ..., batch_tokens_cumulative: _Optional[_Iterable[int]] = ..., batch_sequences_le: _Optional[_Iterable[float]] = ..., batch_sequences_cumulative: _Optional[_Iterable[int]] = ..., step_seconds_sum: _Optional[float] = ...) -> None: ...

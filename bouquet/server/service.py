@@ -21,6 +21,7 @@ from bouquet.config import ServeConfig
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler
+from bouquet.server.stats import ReplicaStats
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class InferenceService:
         self._step_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-step")
         self._wait_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-wait")
         self._inflight_requests = 0
+        self.stats = ReplicaStats()
 
     def attach(self, engine: StepEngine, info: Any = None) -> None:
         self.engine, self.engine_info = engine, info
@@ -93,12 +95,13 @@ class InferenceService:
     # ---- RPCs ---------------------------------------------------------------------------
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:
         s, e = self.spec, self.engine_info
-        return pb.InfoReply(
+        reply = pb.InfoReply(
             model_id=s.model_id, architecture=s.architecture, task=s.task, dimension=s.dimension,
             max_seq_length=s.max_seq_length, device=getattr(e, "device", ""), dtype=getattr(e, "dtype", ""),
             ready=self.ready and not self.draining, attention=getattr(e, "attention", ""),
             pending_tokens=self.scheduler.pending_tokens, max_batch_tokens=self.scheduler.max_batch_tokens,
         )
+        return self.stats.fill(reply, self.scheduler, self.engine, self._inflight_requests)
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedReply:
         if not self.ready or self.draining:
@@ -158,22 +161,24 @@ class InferenceService:
             if self.engine is not None and len(inflight) < self.depth:
                 sb = self.scheduler.next_batch()
             if sb is not None:
+                t_launch = time.perf_counter()
                 try:
                     handle = await loop.run_in_executor(self._step_pool, self.engine.step, sb.batch)  # type: ignore[union-attr]
                 except Exception as e:  # noqa: BLE001 - one bad batch must not stop the replica
                     log.exception("engine step failed")
                     self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
                     continue
-                inflight.append((sb, handle, time.perf_counter()))
+                inflight.append((sb, handle, t_launch))
                 continue
             if inflight:
-                sb0, h, _t0 = inflight.popleft()
+                sb0, h, t0 = inflight.popleft()
                 try:
                     rows = await loop.run_in_executor(self._wait_pool, h.wait)
                 except Exception as e:  # noqa: BLE001
                     log.exception("engine result failed")
                     self.scheduler.complete(sb0, None, error=f"engine failure: {type(e).__name__}: {e}")
                     continue
+                self.stats.observe_step(sb0.batch.num_tokens, sb0.batch.num_seqs, time.perf_counter() - t0)
                 self.scheduler.complete(sb0, rows)
                 continue
             self._wake.clear()

@@ -1,0 +1,119 @@
+"""Prometheus metrics of the gateway and, re-exported per replica, of the server processes.
+
+One ``CollectorRegistry`` per app instance (never the process-global default), so several apps
+can live in one process (tests). Gateway-side numbers are observed directly; replica numbers
+(queue, batch sizes, cancellations, CUDA graphs) come from the replicas' gRPC ``Info`` replies,
+which the replica pool's health loop refreshes about once a second — they lag by up to that much.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from bouquet.gateway.replicas import ReplicaPool
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+
+
+class GatewayMetrics:
+    """The gateway's instruments. ``route`` labels are route paths (unknown paths → "other")."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("bouquet_http_requests", "HTTP requests by route, method and status code",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("bouquet_http_request_duration_seconds", "HTTP request latency (s), whole request",
+                                 ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokenize_seconds = Histogram("bouquet_tokenization_duration_seconds", "Tokenization time per call (s)",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.inference_seconds = Histogram("bouquet_inference_duration_seconds",
+                                           "Gateway → replicas → gateway time per inference call (s)",
+                                           buckets=_LATENCY_BUCKETS, registry=r)
+
+    def watch_replicas(self, pool: "ReplicaPool") -> None:
+        self.registry.register(ReplicaCollector(pool))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ReplicaCollector(Collector):
+    """Turns each replica's last ``Info`` reply into metrics labelled ``replica="host:port"``."""
+
+    def __init__(self, pool: "ReplicaPool") -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Any]:
+        up = GaugeMetricFamily("bouquet_replica_up", "1 when the replica is loaded and healthy", labels=["replica"])
+        queue = GaugeMetricFamily("bouquet_replica_queue_tokens", "Tokens waiting in the replica's scheduler",
+                                  labels=["replica"])
+        inflight = GaugeMetricFamily("bouquet_replica_inflight_requests", "Embed calls waiting on the replica",
+                                     labels=["replica"])
+        outstanding = GaugeMetricFamily("bouquet_replica_outstanding_tokens",
+                                        "Tokens the gateway has sent to the replica and not had back", labels=["replica"])
+        counters = {
+            "cancelled_sequences": CounterMetricFamily("bouquet_replica_cancelled_sequences",
+                                                       "Queued sequences dropped because their client left", labels=["replica"]),
+            "graph_captures": CounterMetricFamily("bouquet_replica_graph_captures", "CUDA graphs captured", labels=["replica"]),
+            "graph_replays": CounterMetricFamily("bouquet_replica_graph_replays", "CUDA graph replays", labels=["replica"]),
+        }
+        step_tokens = HistogramMetricFamily("bouquet_replica_batch_tokens", "Tokens per engine step", labels=["replica"])
+        step_seqs = HistogramMetricFamily("bouquet_replica_batch_sequences", "Sequences per engine step", labels=["replica"])
+        step_time = CounterMetricFamily("bouquet_replica_step_seconds", "Engine step time, launch to rows ready (s)",
+                                        labels=["replica"])
+        for rep in self.pool.replicas:
+            lab = [rep.address]
+            up.add_metric(lab, 1.0 if rep.healthy else 0.0)
+            outstanding.add_metric(lab, rep.outstanding_tokens)
+            info = rep.info
+            if info is None:
+                continue
+            queue.add_metric(lab, info.pending_tokens)
+            inflight.add_metric(lab, info.inflight_requests)
+            for name, fam in counters.items():
+                fam.add_metric(lab, getattr(info, name))
+            step_tokens.add_metric(lab, _buckets(info.batch_tokens_le, info.batch_tokens_cumulative, info.batches),
+                                   float(info.batch_tokens))
+            step_seqs.add_metric(lab, _buckets(info.batch_sequences_le, info.batch_sequences_cumulative, info.batches),
+                                 float(info.batch_sequences))
+            step_time.add_metric(lab, info.step_seconds_sum)
+        yield from (up, queue, inflight, outstanding, *counters.values(), step_tokens, step_seqs, step_time)
+
+
+def _buckets(bounds: Any, cumulative: Any, total: int) -> list[tuple[str, float]]:
+    return [*((repr(float(b)), float(c)) for b, c in zip(bounds, cumulative)), ("+Inf", float(total))]
+
+
+class MetricsMiddleware:
+    """ASGI middleware: counts requests and times them per route. Pure ASGI (no BaseHTTPMiddleware)
+    so that it adds no task or body copy to the hot path."""
+
+    def __init__(self, app: Any, metrics: GatewayMetrics, routes: frozenset[str]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in self.routes else "other"
+        status = 500
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()

@@ -1,0 +1,92 @@
+"""JSON Schemas of request and response bodies, for ``/openapi.json`` only.
+
+Routes parse bodies with orjson and gateway/inputs.py (no pydantic on the hot path); these schemas
+document what those parsers accept, and ``route_docs`` turns them into FastAPI ``openapi_extra`` /
+``responses`` arguments. Keep them in step with the parsers (tests/test_api_surface.py checks
+that every route is described).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_VEC = {"type": "array", "items": _NUM}
+_TEXTS = {"oneOf": [_STR, {"type": "array", "items": _STR}]}
+_INPUT = {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
+          "description": "A string, a list of strings, a list of token ids, or a list of token-id lists."}
+_LONG = {"type": "string", "enum": ["truncate", "error", "chunk_mean", "chunks"],
+         "description": "Over-long inputs: truncate | error (400) | chunk_mean (token-weighted mean of overlapping "
+                        "windows) | chunks (also one vector per window). Must agree with `truncate` when both are sent."}
+_PRIORITY = {"type": "string", "enum": ["interactive", "batch", "auto"]}
+_USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "total_tokens": _INT}}
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": required or []}
+
+
+OPENAI_ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": {"type": "string", "nullable": True},
+                                   "code": {"type": "string", "nullable": True}})}, ["error"])
+TEI_ERROR = _obj({"error": _STR, "error_type": _STR}, ["error", "error_type"])
+
+EMBEDDINGS_REQUEST = _obj({
+    "input": _INPUT, "model": _STR,
+    "encoding_format": {"type": "string", "enum": ["float", "base64"], "description": "base64: little-endian float32"},
+    "dimensions": {"type": "integer", "minimum": 1, "description": "Matryoshka: keep the first N values, re-normalize"},
+    "user": _STR, "truncate": _BOOL, "truncation_side": {"type": "string", "enum": ["left", "right"]},
+    "long_input": _LONG, "prompt_name": _STR, "prompt": _STR, "normalize": _BOOL, "priority": _PRIORITY,
+}, ["input"])
+_CHUNK = _obj({"embedding": {"oneOf": [_VEC, _STR]}, "tokens": {**_IDS, "description": "[start, end) token offsets"},
+               "chars": {**_IDS, "description": "[start, end) character offsets"}})
+EMBEDDINGS_RESPONSE = _obj({
+    "object": _STR, "model": _STR, "usage": _USAGE,
+    "data": {"type": "array", "items": _obj({"object": _STR, "index": _INT, "embedding": {"oneOf": [_VEC, _STR]},
+                                             "chunks": {"type": "array", "items": _CHUNK}})},
+})
+_SCORING_EXT = {"raw_scores": _BOOL, "truncate": _BOOL, "instruction": _STR, "priority": _PRIORITY}
+RERANK_REQUEST = _obj({
+    "query": _STR, "model": _STR, "top_n": {"type": "integer", "minimum": 1}, "return_documents": _BOOL,
+    "documents": {"type": "array", "items": {"oneOf": [_STR, _obj({"text": _STR}, ["text"])]}}, **_SCORING_EXT,
+}, ["query", "documents"])
+RERANK_RESPONSE = _obj({"id": _STR, "model": _STR, "usage": _USAGE, "results": {"type": "array", "items": _obj(
+    {"index": _INT, "relevance_score": _NUM, "document": _obj({"text": _STR})})}})
+SCORE_REQUEST = _obj({"text_1": _TEXTS, "text_2": _TEXTS, "model": _STR, **_SCORING_EXT}, ["text_1", "text_2"])
+SCORE_RESPONSE = _obj({"id": _STR, "object": _STR, "created": _INT, "model": _STR, "usage": _USAGE,
+                       "data": {"type": "array", "items": _obj({"index": _INT, "object": _STR, "score": _NUM})}})
+TEI_EMBED_REQUEST = _obj({
+    "inputs": _INPUT, "normalize": _BOOL, "truncate": _BOOL, "truncation_direction": {"type": "string", "enum": ["Left", "Right"]},
+    "dimensions": {"type": "integer", "minimum": 1}, "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY,
+    "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]},
+}, ["inputs"])
+TEI_EMBED_RESPONSE = {"type": "array", "items": _VEC}
+TEI_RERANK_REQUEST = _obj({"query": _STR, "texts": {"type": "array", "items": _STR}, "return_text": _BOOL,
+                           "truncation_direction": _STR, **_SCORING_EXT}, ["query", "texts"])
+TEI_RERANK_RESPONSE = {"type": "array", "items": _obj({"index": _INT, "score": _NUM, "text": _STR})}
+TEI_TOKENIZE_REQUEST = _obj({"inputs": _TEXTS, "add_special_tokens": _BOOL, "prompt_name": _STR}, ["inputs"])
+_NULLABLE_INT = {"type": "integer", "nullable": True}
+TEI_TOKENIZE_RESPONSE = {"type": "array", "items": {"type": "array", "items": _obj(
+    {"id": _INT, "text": _STR, "special": _BOOL, "start": _NULLABLE_INT, "stop": _NULLABLE_INT})}}
+TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {"type": "object"},
+                          "max_input_length": _INT, "max_batch_tokens": _INT, "max_client_batch_size": _INT,
+                          "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR})
+
+_STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
+                413: "Body too large or too many inputs", 424: "Wrong model kind for this route",
+                429: "Replica queues full", 503: "No healthy replica"}
+
+
+def route_docs(request: dict[str, Any] | None, response: dict[str, Any], tei: bool = False,
+               media_type: str = "application/json") -> dict[str, Any]:
+    """Keyword arguments for ``add_api_route``: the request body schema (``openapi_extra``) and the
+    200 and error responses in the family's error shape."""
+    err = TEI_ERROR if tei else OPENAI_ERROR
+    responses: dict[int | str, Any] = {200: {"content": {media_type: {"schema": response}}, "description": "OK"}}
+    if request is not None:
+        for code, text in _STATUS_TEXT.items():
+            responses[code] = {"description": text, "content": {"application/json": {"schema": err}}}
+    extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}}} if request else None
+    return {"responses": responses, "openapi_extra": extra}

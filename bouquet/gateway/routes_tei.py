@@ -1,0 +1,109 @@
+"""text-embeddings-inference (TEI) compatible routes: ``/embed``, ``/rerank``, ``/tokenize``, ``/info``.
+
+Request and response bodies follow TEI's OpenAPI document (``docs/openapi.json`` of
+huggingface/text-embeddings-inference); errors use TEI's ``{"error", "error_type"}`` shape.
+Differences, by design: ``truncate`` defaults to the server's ``--no-truncate`` setting (TEI's
+to false), and invalid input is 400 (TEI uses 413/422 for some validation errors).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import Response
+
+from bouquet.gateway.app import PRIORITIES, TOKENIZER_THREADS, Gateway, embed, json_response, read_json
+from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
+from bouquet.gateway.scoring import score_pairs
+
+
+def _direction(body: dict[str, Any]) -> str:
+    """TEI spells it ``Left`` / ``Right``; any case is accepted."""
+    v = opt_str(body, "truncation_direction")
+    if v is None:
+        return "right"
+    if v.lower() not in ("left", "right"):
+        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {v!r}", "truncation_direction", "invalid_value")
+    return v.lower()
+
+
+async def embed_route(request: Request) -> Response:
+    """TEI ``/embed`` → ``[[float, ...], ...]``, one vector per input (also for a single string)."""
+    gw: Gateway = request.app.state.gateway
+    body = await read_json(request, gw.cfg.max_request_bytes)
+    if gw.spec.task != "embed":
+        raise APIError(424, f"model '{gw.public_id}' is not an embedding model; use /rerank", "inputs", "wrong_task")
+    inputs = parse_inputs(body.get("inputs"), "inputs", gw.cfg.max_inputs)
+    mode = long_input_mode(body, gw.cfg.truncate)
+    if mode == "chunks":
+        raise bad_request("long_input 'chunks' is only available on /v1/embeddings; use 'chunk_mean' here",
+                          "long_input", "invalid_value")
+    dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)
+    prompt = gw.resolve_prompt(body) if inputs.texts is not None else None
+    priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
+    res = await embed(gw, inputs, mode, _direction(body), prompt, opt_bool(body, "normalize"), dims, priority)
+    return json_response(res.vectors)
+
+
+async def rerank_route(request: Request) -> Response:
+    """TEI ``/rerank``: ``query``, ``texts``, ``raw_scores``, ``return_text`` → ``[{"index", "score",
+    "text"?}]`` sorted by score, descending."""
+    gw: Gateway = request.app.state.gateway
+    body = await read_json(request, gw.cfg.max_request_bytes)
+    query = parse_query(body)
+    texts = parse_texts(body.get("texts"), "texts", gw.cfg.max_inputs)
+    return_text = bool(opt_bool(body, "return_text"))
+    _direction(body)  # validated; documents are always cut at their end (TEI truncates the pair)
+    s = await score_pairs(gw, [query] * len(texts), texts, **common_options(gw, body))
+    out = []
+    for i in ranked(s.values, None):
+        item: dict[str, Any] = {"index": i, "score": float(s.values[i])}
+        if return_text:
+            item["text"] = texts[i]
+        out.append(item)
+    return json_response(out)
+
+
+async def tokenize_route(request: Request) -> Response:
+    """TEI ``/tokenize``: ``inputs`` (string or list), ``add_special_tokens`` (default true),
+    ``prompt_name`` → per input a list of ``{"id", "text", "special", "start", "stop"}``
+    (character offsets into the input, null for special tokens)."""
+    gw: Gateway = request.app.state.gateway
+    body = await read_json(request, gw.cfg.max_request_bytes)
+    texts = parse_texts(body.get("inputs"), "inputs", gw.cfg.max_inputs)
+    add_special = opt_bool(body, "add_special_tokens")
+    prompt = gw.resolve_prompt(body)
+    if prompt:
+        texts = [prompt + t for t in texts]
+    encs = await gw.run_tokenizer(gw.tokenizer.encodings, texts, add_special is not False)
+    out = []
+    for text, enc in zip(texts, encs):
+        toks = []
+        for tid, tok, (a, b), sp in zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask):
+            special = bool(sp)
+            toks.append({"id": tid, "text": tok if special else text[a:b], "special": special,
+                         "start": None if special else a, "stop": None if special else b})
+        out.append(toks)
+    return json_response(out)
+
+
+async def info_route(request: Request) -> Response:
+    """TEI ``/info``: model id, dtype, type (embedding pooling or reranker labels) and limits."""
+    gw: Gateway = request.app.state.gateway
+    spec = gw.spec
+    first = next((r.info for r in gw.pool.replicas if r.info is not None), None)
+    if spec.task == "embed":
+        model_type: dict[str, Any] = {"embedding": {"pooling": spec.pooling}}
+    else:
+        labels = spec.config.get("id2label") or {"0": "score"}
+        model_type = {"reranker": {"id2label": {str(k): str(v) for k, v in labels.items()}}}
+    return json_response({
+        "model_id": gw.public_id, "model_sha": None, "model_dtype": first.dtype if first else "",
+        "model_type": model_type, "max_concurrent_requests": 0, "max_input_length": spec.max_seq_length,
+        "max_batch_tokens": first.max_batch_tokens if first else 0, "max_batch_requests": None,
+        "max_client_batch_size": gw.cfg.max_inputs, "auto_truncate": gw.cfg.truncate,
+        "tokenization_workers": TOKENIZER_THREADS, "version": request.app.version, "sha": None,
+        "docker_label": None, "dimension": spec.dimension, "task": spec.task,
+    })

@@ -1,0 +1,133 @@
+"""Scoring (query, document) pairs, shared by ``/v1/rerank``, ``/v1/score`` and TEI's ``/rerank``.
+
+Three kinds of model, one contract (``score_pairs`` → one float per pair):
+
+- cross-encoder (``*ForSequenceClassification``): the pair is encoded as two segments with token
+  types; the engine returns logits ``[B, num_labels]``. Score = sigmoid(logit) for one label, the
+  softmax probability of the last label otherwise; ``raw`` returns that label's logit.
+- causal-LM reranker (Qwen3-Reranker): the pair is written into the model's prompt template
+  (``spec.pair_template``, placeholders ``{instruction}`` ``{query}`` ``{document}``) and tokenized
+  as one sequence; the engine returns ``[B, 1]`` = logit("yes") − logit("no"), so
+  sigmoid = P("yes"), the model card's relevance score; ``raw`` returns the logit difference.
+- embedding model (bi-encoder): cosine similarity of the two embeddings, in [-1, 1]; ``raw`` changes
+  nothing. Query-side texts get the model's ``query`` prompt, document-side ones its ``document``
+  (or ``passage``) prompt, when the model defines them.
+
+Over-long inputs lose document tokens, never query tokens: a query that alone does not fit gets 400.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.inputs import TextInputs
+from bouquet.gateway.tokenization import TooLong
+from bouquet.proto import bouquet_pb2 as pb
+
+if TYPE_CHECKING:
+    from bouquet.gateway.app import Gateway
+
+
+@dataclass(frozen=True)
+class Scores:
+    values: np.ndarray  # float64 [N], one per pair, in request order
+    tokens: int  # tokens run through the model
+
+
+def score_kind(gw: "Gateway") -> str:
+    """'cosine' (embedding model), 'probability' (cross-encoder / LM reranker)."""
+    return "cosine" if gw.spec.task == "embed" else "probability"
+
+
+async def score_pairs(gw: "Gateway", queries: list[str], docs: list[str], *, raw: bool = False, truncate: bool = True,
+                      instruction: str | None = None, priority: int = pb.PRIORITY_AUTO) -> Scores:
+    """Score pair i = (queries[i], docs[i]). Raises APIError (400 for inputs that cannot fit)."""
+    if gw.spec.task == "embed":
+        return await _cosine(gw, queries, docs, truncate, priority)
+    template = getattr(gw.spec, "pair_template", None)  # set by modelspec for causal-LM rerankers
+    if template:
+        instr = instruction or getattr(gw.spec, "default_instruction", None) or ""
+        texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate)
+        logits = await gw.infer(texts, None, None, None, priority)
+        col = logits[:, 0].astype(np.float64)
+        return Scores(col if raw else _sigmoid(col), int(sum(len(t) for t in texts)))
+    if instruction is not None:
+        raise bad_request("'instruction' applies only to instruction-following rerankers (Qwen3-Reranker)",
+                          "instruction", "unsupported_parameter")
+    try:
+        enc = await gw.run_tokenizer(gw.tokenizer.encode_pairs, list(zip(queries, docs)), "right", truncate)
+    except TooLong as e:
+        raise bad_request(f"pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
+                          "(truncation is off)", "documents", "context_length_exceeded") from None
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception when the query leaves no room
+        raise bad_request(f"the query does not fit the model's {gw.spec.max_seq_length} tokens with any document: {e}",
+                          "query", "context_length_exceeded") from None
+    logits = (await gw.infer(enc.ids, enc.type_ids, None, None, priority)).astype(np.float64)  # [N, num_labels]
+    if raw:
+        return Scores(logits[:, -1], enc.num_tokens)
+    if logits.shape[1] == 1:
+        return Scores(_sigmoid(logits[:, 0]), enc.num_tokens)
+    z = np.exp(logits - logits.max(1, keepdims=True))
+    return Scores(z[:, -1] / z.sum(1), enc.num_tokens)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _templated(queries: list[str], docs: list[str], gw: "Gateway", template: str, instruction: str,
+               truncate: bool) -> list[np.ndarray]:
+    """Fill the template per pair and tokenize it (no special tokens: the template has them).
+    An over-long pair is re-built with the document cut at a token boundary until it fits."""
+    tok, limit = gw.tokenizer, gw.tokenizer.max_len
+    head_t, _, tail = template.partition("{document}")
+    heads = [head_t.replace("{instruction}", instruction).replace("{query}", q) for q in queries]
+    encs = tok.encodings([h + d + tail for h, d in zip(heads, docs)], add_special_tokens=False)
+    out = []
+    for i, enc in enumerate(encs):
+        ids = enc.ids
+        if len(ids) > limit:
+            if not truncate:
+                raise bad_request(f"pair {i} has {len(ids)} tokens, more than the model's maximum of {limit} "
+                                  "(truncation is off)", "documents", "context_length_exceeded")
+            ids = _cut_document(tok, heads[i], docs[i], tail, limit, len(ids) - limit)
+            if ids is None:
+                raise bad_request(f"the query of pair {i} does not fit the model's {limit} tokens with any document",
+                                  "query", "context_length_exceeded")
+        out.append(tok.finish(ids))
+    return out
+
+
+def _cut_document(tok: Any, head: str, doc: str, tail: str, limit: int, excess: int) -> list[int] | None:
+    offsets = tok.encodings([doc], add_special_tokens=False)[0].offsets
+    keep = len(offsets) - excess
+    while keep > 0:
+        ids = tok.encodings([head + doc[: offsets[keep - 1][1]] + tail], add_special_tokens=False)[0].ids
+        if len(ids) <= limit:
+            return ids
+        keep -= len(ids) - limit  # tokens can merge differently at the cut; shrink and retry
+    return None
+
+
+async def _cosine(gw: "Gateway", queries: list[str], docs: list[str], truncate: bool, priority: int) -> Scores:
+    from bouquet.gateway.app import embed
+
+    prompts = gw.spec.prompts
+    uq, ud = list(dict.fromkeys(queries)), list(dict.fromkeys(docs))
+    # The query side is never truncated (a too-long query is an error); documents follow `truncate`.
+    try:
+        q = await embed(gw, TextInputs(uq, None, False), "error", "right", prompts.get("query"), True, None, priority)
+    except APIError as e:
+        e.param = "query"  # the query side is text_1 / query, never the embeddings route's 'input'
+        raise
+    d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", "right",
+                    prompts.get("document", prompts.get("passage")), True, None, priority)
+    qi = {t: i for i, t in enumerate(uq)}
+    di = {t: i for i, t in enumerate(ud)}
+    qv = q.vectors[[qi[t] for t in queries]].astype(np.float64)
+    dv = d.vectors[[di[t] for t in docs]].astype(np.float64)
+    cos = (qv * dv).sum(1) / np.maximum(np.linalg.norm(qv, axis=1) * np.linalg.norm(dv, axis=1), 1e-12)
+    return Scores(cos, q.tokens + d.tokens)

@@ -1,0 +1,144 @@
+"""/v1/rerank, /v1/score and TEI /rerank on the real server: a random-weight cross-encoder checked
+against transformers' BertForSequenceClassification, and MiniLM as a bi-encoder on STSb."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from helpers import BouquetProcess, cosine_rows, read_sts
+
+QUERY = "what do cats eat"
+DOCS = ["Cats are obligate carnivores and eat meat.", "The stock market fell today.",
+        "Kittens drink milk from their mother.", "A recipe for vegetable soup.", "cats eat fish and mice " * 40]
+MAX_POS = 128
+
+
+@pytest.fixture(scope="module")
+def cross_dir(tmp_path_factory) -> Path:
+    """A BertForSequenceClassification (1 label) with small random weights and MiniLM's real tokenizer."""
+    import torch
+    import transformers as tf
+
+    from bouquet.modelspec import resolve_model_path
+
+    out = tmp_path_factory.mktemp("cross")
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=MAX_POS, num_labels=1, initializer_range=0.2)
+    tf.BertForSequenceClassification(cfg).eval().save_pretrained(out, safe_serialization=True)
+    src = resolve_model_path(None)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(src / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cross_server(cross_dir):
+    srv = BouquetProcess("--model", str(cross_dir), "--served-model-name", "tiny-cross")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(cross_dir):
+    """transformers' logits for (QUERY, doc) pairs, pair-encoded and truncated on the document side."""
+    import torch
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(cross_dir)
+    model = tf.BertForSequenceClassification.from_pretrained(cross_dir).eval()
+
+    def logits(queries: list[str], docs: list[str]) -> np.ndarray:
+        enc = tok(queries, docs, padding=True, truncation="only_second", max_length=MAX_POS, return_tensors="pt")
+        with torch.no_grad():
+            return model(**enc).logits[:, 0].double().numpy()
+
+    return logits
+
+
+def post(srv, path: str, body: dict) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, timeout=120)
+
+
+def test_rerank_matches_transformers(cross_server, reference):
+    ref = reference([QUERY] * len(DOCS), DOCS)
+    raw = post(cross_server, "/v1/rerank", {"query": QUERY, "documents": DOCS, "raw_scores": True}).json()
+    got = {r["index"]: r["relevance_score"] for r in raw["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], ref, atol=1e-4)  # incl. the truncated long doc
+    r = post(cross_server, "/v1/rerank", {"query": QUERY, "documents": [{"text": d} for d in DOCS],
+                                          "model": "tiny-cross"}).json()
+    scores = [x["relevance_score"] for x in r["results"]]
+    assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
+    np.testing.assert_allclose(scores, 1 / (1 + np.exp(-np.sort(ref)[::-1])), atol=1e-5)
+    assert [x["index"] for x in r["results"]] == list(np.argsort(-ref, kind="stable"))
+    assert "document" not in r["results"][0] and r["usage"]["total_tokens"] > 0
+
+
+def test_top_n_and_return_documents(cross_server, reference):
+    ref = reference([QUERY] * len(DOCS), DOCS)
+    r = post(cross_server, "/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 1, "return_documents": True})
+    (only,) = r.json()["results"]
+    best = int(np.argmax(ref))
+    assert only["index"] == best and only["document"] == {"text": DOCS[best]}
+    r = post(cross_server, "/v1/rerank", {"query": QUERY, "documents": DOCS, "return_documents": True})
+    assert sorted(x["document"]["text"] for x in r.json()["results"]) == sorted(DOCS)
+
+
+def test_score_and_tei_rerank_on_cross_encoder(cross_server, reference):
+    t1, t2 = ["cats", "stocks"], ["Cats eat meat.", "Markets fell."]
+    r = post(cross_server, "/v1/score", {"text_1": t1, "text_2": t2, "raw_scores": True}).json()
+    assert [d["index"] for d in r["data"]] == [0, 1] and r["object"] == "list"
+    np.testing.assert_allclose([d["score"] for d in r["data"]], reference(t1, t2), atol=1e-4)
+    one_to_many = post(cross_server, "/v1/score", {"text_1": QUERY, "text_2": DOCS[:3], "raw_scores": True}).json()
+    np.testing.assert_allclose([d["score"] for d in one_to_many["data"]], reference([QUERY] * 3, DOCS[:3]), atol=1e-4)
+    tei = post(cross_server, "/rerank", {"query": QUERY, "texts": DOCS, "raw_scores": True, "return_text": True}).json()
+    ref = reference([QUERY] * len(DOCS), DOCS)
+    assert [x["index"] for x in tei] == list(np.argsort(-ref, kind="stable"))
+    np.testing.assert_allclose([x["score"] for x in tei], np.sort(ref)[::-1], atol=1e-4)
+    assert all(x["text"] == DOCS[x["index"]] for x in tei)
+    info = httpx.get(cross_server.url + "/info").json()
+    assert "reranker" in info["model_type"] and info["max_input_length"] == MAX_POS
+
+
+def test_scoring_errors(cross_server):
+    cases = [
+        ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
+        ("/v1/rerank", {"query": "", "documents": ["a"]}, "query"),
+        ("/v1/rerank", {"query": "q", "documents": ["a", {"txt": "b"}]}, "documents[1]"),
+        ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+        ("/v1/rerank", {"query": "word " * 200, "documents": ["a"]}, "query"),  # the query is never truncated
+        ("/v1/rerank", {"query": "q", "documents": [DOCS[-1]], "truncate": False}, "documents"),
+        ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
+        ("/v1/score", {"text_1": [[101, 102]], "text_2": "x"}, "text_1"),
+    ]
+    for path, body, param in cases:
+        r = post(cross_server, path, body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, (body, r.text)
+    r = post(cross_server, "/rerank", {"query": "q"})
+    assert r.status_code == 400 and set(r.json()) == {"error", "error_type"}
+    r = post(cross_server, "/v1/embeddings", {"input": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_task"
+    assert post(cross_server, "/embed", {"inputs": "x"}).status_code == 424
+    assert post(cross_server, "/v1/rerank", {"query": "q", "documents": ["a"]}).status_code == 200
+
+
+def test_bi_encoder_score_spearman_on_stsb(minilm_server):
+    s1, s2, gold = read_sts("dev")
+    r = post(minilm_server, "/v1/score", {"text_1": s1, "text_2": s2})
+    assert r.status_code == 200, r.text
+    scores = np.asarray([d["score"] for d in r.json()["data"]])
+    assert scores.shape == (len(s1),) and (scores >= -1).all() and (scores <= 1).all()
+    rho = spearmanr(scores, gold).statistic
+    assert abs(rho - 0.86716) <= 0.0005, rho
+    # the same numbers as cosines of the embeddings, and /v1/rerank agrees
+    v1, v2 = minilm_server.vectors(s1[:20]), minilm_server.vectors(s2[:20])
+    np.testing.assert_allclose(scores[:20], cosine_rows(v1, v2), atol=1e-5)
+    rr = post(minilm_server, "/v1/rerank", {"query": s1[0], "documents": s2[:20]}).json()["results"]
+    cos0 = cosine_rows(np.repeat(v1[:1], 20, 0), v2)
+    assert [x["index"] for x in rr] == list(np.argsort(-cos0, kind="stable"))

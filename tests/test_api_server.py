@@ -1,0 +1,165 @@
+"""Server-wide behaviour on the real server: --api-key, payload and input limits, the server's
+truncation default, sentence-transformers prompts, declared Matryoshka sizes, /metrics, /openapi.json
+and JSON 404/405."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import BouquetProcess
+
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = "query: "
+
+
+@pytest.fixture(scope="module")
+def custom_dir(tmp_path_factory) -> Path:
+    """MiniLM (files linked) with a sentence-transformers prompt and declared Matryoshka sizes."""
+    from bouquet.modelspec import resolve_model_path
+
+    src = resolve_model_path(None)
+    out = tmp_path_factory.mktemp("custom")
+    for p in src.rglob("*"):
+        if p.is_file():
+            (out / p.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(p, out / p.relative_to(src))
+    (out / "config_sentence_transformers.json").unlink()
+    (out / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": PROMPT, "document": ""}}))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["bouquet"] = {"matryoshka_dimensions": [128, 256]}
+    (out / "config.json").unlink()
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def custom_server(custom_dir):
+    srv = BouquetProcess("--model", str(custom_dir), "--served-model-name", "custom", "--api-key", KEY,
+                         "--no-truncate", "--max-inputs", "8", "--max-request-bytes", "4096")
+    yield srv
+    srv.stop()
+
+
+def post(srv, path: str, body: dict, headers: dict | None = AUTH) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, headers=headers, timeout=60)
+
+
+def vecs(r: httpx.Response) -> np.ndarray:
+    assert r.status_code == 200, r.text
+    return np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+
+
+def test_api_key(custom_server):
+    assert httpx.get(custom_server.url + "/health").status_code == 200  # open
+    for path, shape in (("/v1/embeddings", "openai"), ("/embed", "tei"), ("/v1/rerank", "openai")):
+        for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = post(custom_server, path, {"input": "x", "inputs": "x"}, headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+            assert ("message" in r.json()["error"]) if shape == "openai" else (r.json()["error_type"] == "Unauthorized")
+    for path in ("/metrics", "/info", "/v1/models", "/openapi.json"):
+        assert httpx.get(custom_server.url + path).status_code == 401
+        assert httpx.get(custom_server.url + path, headers=AUTH).status_code == 200
+    openai = pytest.importorskip("openai")
+    ok = openai.OpenAI(base_url=custom_server.url + "/v1", api_key=KEY).embeddings.create(model="custom", input="hi")
+    assert len(ok.data[0].embedding) == 384
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=custom_server.url + "/v1", api_key="nope").embeddings.create(model="custom", input="hi")
+
+
+def test_payload_and_input_limits(custom_server):
+    r = post(custom_server, "/v1/embeddings", {"input": "x" * 5000})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large" and "4096" in r.json()["error"]["message"]
+    r = post(custom_server, "/embed", {"inputs": "x" * 5000})
+    assert r.status_code == 413 and set(r.json()) == {"error", "error_type"}
+    r = post(custom_server, "/v1/embeddings", {"input": ["a"] * 9})
+    assert r.status_code == 413 and "limit is 8" in r.json()["error"]["message"]
+    r = post(custom_server, "/v1/rerank", {"query": "q", "documents": ["a"] * 9})
+    assert r.status_code == 413 and "limit is 8" in r.json()["error"]["message"]
+    assert post(custom_server, "/v1/embeddings", {"input": ["a"] * 8}).status_code == 200
+
+
+def test_server_truncation_default_off(custom_server):
+    long = "many words here " * 100
+    r = post(custom_server, "/v1/embeddings", {"input": long})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert post(custom_server, "/v1/embeddings", {"input": long, "truncate": True}).status_code == 200
+    assert post(custom_server, "/v1/embeddings", {"input": long, "long_input": "truncate"}).status_code == 200
+
+
+def test_prompts_and_declared_dimensions(custom_server, minilm_server):
+    text = "how do plants grow"
+    with_prompt = vecs(post(custom_server, "/v1/embeddings", {"input": [text], "prompt_name": "query"}))
+    np.testing.assert_allclose(with_prompt, minilm_server.vectors([PROMPT + text]), atol=1e-5)
+    explicit = vecs(post(custom_server, "/v1/embeddings", {"input": [text], "prompt": "passage: "}))
+    np.testing.assert_allclose(explicit, minilm_server.vectors(["passage: " + text]), atol=1e-5)
+    tei = post(custom_server, "/embed", {"inputs": text, "prompt_name": "query"}).json()
+    np.testing.assert_allclose(tei, with_prompt, atol=1e-5)
+    for body in ({"prompt_name": "nope"}, {"prompt_name": "query", "prompt": "x"}, {"dimensions": 200}):
+        r = post(custom_server, "/v1/embeddings", {"input": text, **body})
+        assert r.status_code == 400, body
+    assert "[128, 256]" in post(custom_server, "/v1/embeddings", {"input": text, "dimensions": 200}).json()["error"]["message"]
+    v = vecs(post(custom_server, "/v1/embeddings", {"input": text, "dimensions": 128}))
+    assert v.shape == (1, 128)
+
+
+def test_metrics(minilm_server):
+    def scrape() -> dict[tuple[str, tuple], float]:
+        text = httpx.get(minilm_server.url + "/metrics").text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    before = scrape()
+    key = ("bouquet_http_requests_total", (("method", "POST"), ("route", "/v1/embeddings"), ("status", "200")))
+    assert minilm_server.embed(["metrics one", "metrics two"]).status_code == 200
+    assert minilm_server.embed("").status_code == 400
+    httpx.get(minilm_server.url + "/definitely-not-a-route")
+    import time
+
+    time.sleep(1.3)  # replica numbers arrive with the health loop's next Info poll (about 1 s)
+    after = scrape()
+    assert after[key] == before.get(key, 0) + 1
+    k400 = ("bouquet_http_requests_total", (("method", "POST"), ("route", "/v1/embeddings"), ("status", "400")))
+    assert after[k400] == before.get(k400, 0) + 1
+    assert after[("bouquet_http_requests_total", (("method", "GET"), ("route", "other"), ("status", "404")))] >= 1
+    names = {n for n, _ in after}
+    for n in ("bouquet_http_request_duration_seconds_bucket", "bouquet_tokenization_duration_seconds_count",
+              "bouquet_inference_duration_seconds_count", "bouquet_replica_queue_tokens", "bouquet_replica_batch_tokens_bucket",
+              "bouquet_replica_batch_sequences_count", "bouquet_replica_cancelled_sequences_total",
+              "bouquet_replica_graph_captures_total", "bouquet_replica_graph_replays_total"):
+        assert n in names, n
+    rep = [lab for n, lab in after if n == "bouquet_replica_batch_tokens_count"][0]
+    kc = ("bouquet_replica_batch_tokens_count", rep)
+    assert after[kc] > before.get(kc, 0)  # the two sequences ran in at least one more step
+    ks = ("bouquet_replica_batch_tokens_sum", rep)
+    assert after[ks] - before.get(ks, 0) >= 8  # "metrics one" + "metrics two": at least 4 tokens each
+
+
+def test_openapi_and_json_404_405(minilm_server):
+    spec = httpx.get(minilm_server.url + "/openapi.json").json()
+    posts = {"/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize"}
+    gets = {"/health", "/metrics", "/v1/models", "/info"}
+    assert posts | gets <= set(spec["paths"])
+    for p in posts:
+        op = spec["paths"][p]["post"]
+        schema = op["requestBody"]["content"]["application/json"]["schema"]
+        assert schema["required"] and schema["properties"], p
+        assert {"200", "400", "413"} <= set(op["responses"]), p
+    assert "dimensions" in spec["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    r = httpx.get(minilm_server.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.get(minilm_server.url + "/nothing")
+    assert r.status_code == 404 and set(r.json()) == {"error", "error_type"}
+    r = httpx.get(minilm_server.url + "/v1/embeddings")
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["code"] == "method_not_allowed"
+    tok = httpx.post(minilm_server.url + "/tokenize", json={"inputs": ["hello world"]}).json()
+    assert [t["id"] for t in tok[0]] == [101, 7592, 2088, 102] and tok[0][1] == {
+        "id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
+    assert [t["id"] for t in httpx.post(minilm_server.url + "/tokenize",
+                                        json={"inputs": "hello", "add_special_tokens": False}).json()[0]] == [7592]
