@@ -47,9 +47,9 @@ async def score_pairs(gw: "Gateway", queries: list[str], docs: list[str], *, raw
     """Score pair i = (queries[i], docs[i]). Raises APIError (400 for inputs that cannot fit)."""
     if gw.spec.task == "embed":
         return await _cosine(gw, queries, docs, truncate, priority)
-    template = getattr(gw.spec, "pair_template", None)  # set by modelspec for causal-LM rerankers
+    template = gw.spec.pair_template  # set by modelspec for causal-LM rerankers (Qwen3-Reranker)
     if template:
-        instr = instruction or getattr(gw.spec, "default_instruction", None) or ""
+        instr = instruction or gw.spec.default_instruction or ""
         texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate)
         logits = await gw.infer(texts, None, None, None, priority)
         col = logits[:, 0].astype(np.float64)
