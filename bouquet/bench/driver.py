@@ -104,7 +104,7 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
             servers.append(ServerProcess("grpc", model_dir, opts.device))
             addr = servers[-1].address
         g = GrpcTarget(addr)
-        g.wait_ready(300)
+        g.wait_ready(300, servers[-1].check if servers else lambda: None)
         return g
     if system == "http":
         url = opts.http_url
@@ -112,7 +112,7 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
             servers.append(ServerProcess("http", model_dir, opts.device))
             url = servers[-1].address
         h = HttpTarget(url)
-        h.wait_ready(300)
+        h.wait_ready(300, servers[-1].check if servers else lambda: None)
         return h
     if system == "openai":
         if not opts.openai_url:

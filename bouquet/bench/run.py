@@ -122,9 +122,10 @@ def bench_latency(target: Target, shape: ModelShape, s: Settings, rate: float, r
 
 def _throughput(target: Target, make: Callable[[np.random.Generator], list[np.ndarray]], s: Settings) -> float:
     """Embeddings/s with ``s.clients`` threads each sending requests back to back."""
-    reqs = [[make(np.random.default_rng(1000 * c + i)) for i in range(4)] for c in range(s.clients)]
-    target.embed_ids(reqs[0][0])  # warm-up (graph capture, server buckets)
-    target.embed_ids(reqs[0][1])
+    reqs = [[make(np.random.default_rng(1000 * c + i)) for i in range(2)] for c in range(s.clients)]
+    for client_reqs in reqs:  # warm every request shape once (graph capture, library autotuning)
+        for r in client_reqs:
+            target.embed_ids(r)
     done = [0] * s.clients
     start = time.perf_counter()
     end = start + s.seconds

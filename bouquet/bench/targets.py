@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -122,9 +122,11 @@ class GrpcTarget(Target):
         self._info = self.channel.unary_unary(f"/{SERVICE}/Info", request_serializer=pb.InfoRequest.SerializeToString,
                                               response_deserializer=pb.InfoReply.FromString)
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
+        """Poll Info until ready; ``alive`` raises when the server process has died."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            alive()
             try:
                 if self._info(self.pb.InfoRequest(), timeout=2).ready:
                     return
@@ -168,10 +170,12 @@ class HttpTarget(Target):
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         return self._post(texts)
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
+        """Poll /health until 200; ``alive`` raises when the server process has died."""
         deadline = time.monotonic() + timeout_s
         health = self.url.removesuffix("/v1/embeddings") + "/health"
         while time.monotonic() < deadline:
+            alive()
             try:
                 if self.client.get(health, timeout=2).status_code == 200:
                     return
@@ -201,7 +205,7 @@ class ServerProcess:
             cmd = [sys.executable, "-m", "bouquet.server", "--config", cfg.to_json(), "--port-file", str(port_file)]
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             while not port_file.exists():
-                self._check()
+                self.check()
                 time.sleep(0.05)
             self.address = f"127.0.0.1:{port_file.read_text().strip()}"
         else:
@@ -215,7 +219,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             self.address = f"http://127.0.0.1:{port}"
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Raise RuntimeError with the server log's tail when the process has exited."""
         if self.proc.poll() is not None:
             self.log.flush()
             tail = (self.tmp / "server.log").read_text(errors="replace")[-3000:]
