@@ -135,10 +135,11 @@ class Engine:
                  self.info.dtype, len(self.loaded), self.info.load_seconds)
 
     def _forward_packed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor | None, seg: torch.Tensor,
-                        cu: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+                        cu: torch.Tensor, max_seqlen: int, uniform: bool = False) -> torch.Tensor:
         """Device-only forward: int32 [T] ids/pos/types/segment ids, cu [S+1] → [S, out_dim] float32.
-        No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend)."""
-        meta = self.attn.prepare(cu, max_seqlen, self.causal)
+        No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend).
+        ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
+        meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
         return self.model.head(pool_static(hidden, seg, cu, self.spec.pooling)).float()
 
@@ -149,7 +150,8 @@ class Engine:
         if dev.type == "cuda":
             host = pack_inputs(batch, batch.num_tokens, batch.num_seqs)
             ids, pos, tt, seg, cu = input_views(host.to(dev, non_blocking=True), batch.num_tokens, batch.num_seqs)
-            return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen)
+            uniform = batch.num_seqs > 1 and batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
+            return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)
         ids = torch.from_numpy(batch.input_ids).long()
         pos = torch.from_numpy(batch.position_ids).long()
         tt = None if batch.token_type_ids is None else torch.from_numpy(batch.token_type_ids).long()
