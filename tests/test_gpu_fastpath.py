@@ -1,6 +1,8 @@
 """GPU fast path: graph == eager for every captured bucket, fused kernels == PyTorch (CUDA only)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -32,12 +34,26 @@ def test_uniform_cudnn_attention_matches_varlen() -> None:
         torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-def test_graph_replay_equals_eager_for_every_bucket() -> None:
+def _tokenizer() -> Path:
+    try:
+        from bouquet.bench.models import default_tokenizer
+
+        return default_tokenizer()
+    except ImportError:  # GPU machines without the embedded-model package: a copied file
+        p = Path(__file__).resolve().parents[1] / "bench" / "assets" / "tokenizer.json"
+        if not p.exists():
+            pytest.skip("no tokenizer.json available")
+        return p
+
+
+def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
 
-    eng = Engine(load_spec(None), "cuda", graphs=GraphOptions(debug=True))
+    model_dir = make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer())
+    eng = Engine(load_spec(str(model_dir)), "cuda", graphs=GraphOptions(debug=True))
     rng = np.random.default_rng(0)
     for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20))):
         batch = Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
