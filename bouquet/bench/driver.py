@@ -98,22 +98,14 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
         return EngineTarget(model_dir, opts.device)
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
-    if system == "grpc":
-        addr = opts.grpc_address
-        if addr is None:
-            servers.append(ServerProcess("grpc", model_dir, opts.device))
-            addr = servers[-1].address
-        g = GrpcTarget(addr)
-        g.wait_ready(300, servers[-1].check if servers else lambda: None)
-        return g
-    if system == "http":
-        url = opts.http_url
-        if url is None:
-            servers.append(ServerProcess("http", model_dir, opts.device))
-            url = servers[-1].address
-        h = HttpTarget(url)
-        h.wait_ready(300, servers[-1].check if servers else lambda: None)
-        return h
+    if system in ("grpc", "http"):
+        given = opts.grpc_address if system == "grpc" else opts.http_url
+        if given is None:  # start our own and watch it while it loads
+            servers.append(ServerProcess(system, model_dir, opts.device))
+        address = given or servers[-1].address
+        remote: GrpcTarget | HttpTarget = GrpcTarget(address) if system == "grpc" else HttpTarget(address)
+        remote.wait_ready(300, servers[-1].check if servers else lambda: None)
+        return remote
     if system == "openai":
         if not opts.openai_url:
             raise ValueError("system 'openai' needs --openai-url")
