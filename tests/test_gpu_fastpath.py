@@ -65,3 +65,23 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path) -> None:
         for r in rows:
             np.testing.assert_allclose(r, want, atol=1e-2, rtol=1e-2)
     assert eng.graphs is not None and set(eng.graphs.lazy.graphs) == seen  # every bucket captured once
+
+
+def test_startup_capture_from_saved_histogram(tmp_path: Path) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.buckets import Bucket
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+
+    spec = load_spec(str(make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer())))
+    stats = tmp_path / "buckets.json"
+    eng = Engine(spec, "cuda", graphs=GraphOptions(stats_path=str(stats), debug=True))
+    batch = Batch.pack([np.arange(1000, 1100, dtype=np.int32)])
+    for _ in range(3):
+        eng.step(batch).wait()
+    eng.shutdown()  # writes the histogram
+    again = Engine(spec, "cuda", graphs=GraphOptions(stats_path=str(stats), capture=("2:64:32",), debug=True))
+    again.warmup()  # captures the configured bucket and the hot one
+    assert {Bucket(1, 128, 128), Bucket(2, 64, 32)} <= set(again.graphs.lazy.graphs)
+    np.testing.assert_allclose(again.step(batch).wait(), again.forward(batch).cpu().numpy(), atol=1e-2, rtol=1e-2)

@@ -129,27 +129,12 @@ def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str,
             target = ref if system == "transformers" else _open(system, model_dir, opts, servers)
             log.info("%s / %s: checking against transformers", shape.name, target.name)
             res["checks"][target.name] = R.cosine_check(target, ref, check_seqs)
-            if isinstance(target, EngineTarget) and opts.graph_check and opts.device.startswith("cuda"):
-                res["graphs"] = graph_check(target, shape, rng)
-                log.info("graph check: %s", res["graphs"])
-            if "1" in opts.benchmarks or "2" in opts.benchmarks:
-                rows = R.bench_latency(target, shape, s, rate, rng)
-                res["rows"] += [r for r in rows if r["bench"] in opts.benchmarks]
-            if "3" in opts.benchmarks or "mixed" in opts.benchmarks:
-                res["rows"] += R.bench_throughput(target, shape, s, rate, "mixed" in opts.benchmarks, "3" in opts.benchmarks)
-            if "4" in opts.benchmarks and target.tokenizes:
-                if isinstance(target, HttpTarget) and target.name == "bouquet-http":
-                    from tokenizers import Tokenizer
-
-                    tk = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-                    tk.no_padding()  # the MiniLM file pads to 128 by default
-                    tk.enable_truncation(shape.max_len)  # as the gateway does by default
-                    ids = np.array(tk.encode(texts[0]).ids, np.int32)
-                    got = target.embed_texts([texts[0]])
-                    res["checks"][target.name + "-text"] = R.cosine_check(_Fixed(got), ref, [ids])
-                res["rows"] += R.bench_concurrency(target, shape, s, rate, texts)
-            for r in res["rows"][-3:]:
-                log.info("%s", r)
+            for phase in ("graphs", "latency", "throughput", "concurrency"):
+                try:  # a failing phase (say, a request size a server refuses) keeps the others
+                    _phase(phase, target, ref, shape, opts, rate, rng, texts, model_dir, res)
+                except Exception as e:  # noqa: BLE001
+                    log.exception("%s / %s / %s failed", shape.name, system, phase)
+                    res["errors"][f"{system}/{phase}"] = f"{type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001 - one failing system must not lose the others' rows
             log.exception("%s / %s failed", shape.name, system)
             res["errors"][system] = f"{type(e).__name__}: {e}"
@@ -162,6 +147,41 @@ def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str,
             gc.collect()
             _free_cuda()
     return res
+
+
+def _phase(phase: str, target: Target, ref: Target, shape: ModelShape, opts: BenchOptions, rate: float,
+           rng: np.random.Generator, texts: list[str], model_dir: Path, res: dict[str, Any]) -> None:
+    s, want = opts.settings, opts.benchmarks
+    n_rows = len(res["rows"])
+    if phase == "graphs" and isinstance(target, EngineTarget) and opts.graph_check and opts.device.startswith("cuda"):
+        res["graphs"] = graph_check(target, shape, rng)
+        log.info("graph check: %s", res["graphs"])
+    elif phase == "latency" and ("1" in want or "2" in want):
+        res["rows"] += [r for r in R.bench_latency(target, shape, s, rate, rng) if r["bench"] in want]
+    elif phase == "throughput" and ("3" in want or "mixed" in want):
+        res["rows"] += R.bench_throughput(target, shape, s, rate, "mixed" in want, "3" in want)
+    elif phase == "concurrency" and "4" in want and target.tokenizes:
+        if isinstance(target, HttpTarget) and target.name == "bouquet-http":
+            res["checks"][target.name + "-text"] = _text_check(target, ref, model_dir, texts[0])
+        res["rows"] += R.bench_concurrency(target, shape, s, rate, texts)
+    for r in res["rows"][n_rows:]:
+        log.info("%s", r)
+
+
+def _text_check(target: HttpTarget, ref: Target, model_dir: Path, text: str) -> float:
+    """The gateway's text path against the reference on the same ids, tokenized here as the
+    gateway does (no padding, truncation to the model's limit, EOS appended where declared)."""
+    from tokenizers import Tokenizer
+
+    from bouquet.modelspec import load_spec
+
+    spec = load_spec(str(model_dir))
+    eos = spec.append_eos_id
+    tk = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tk.no_padding()  # the MiniLM file pads to 128 by default
+    tk.enable_truncation(spec.max_seq_length - (1 if eos is not None else 0))
+    ids = tk.encode(text).ids + ([eos] if eos is not None else [])
+    return R.cosine_check(_Fixed(target.embed_texts([text])), ref, [np.array(ids, np.int32)])
 
 
 class _Fixed(Target):

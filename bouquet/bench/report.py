@@ -26,7 +26,7 @@ def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
     lines = [f"# bouquet bench — {meta.get('gpu') or meta.get('cpu')}", "",
              f"commit `{meta.get('commit')}`, torch {meta.get('torch')}, transformers {meta.get('transformers')}, "
-             f"matmul ceiling {meta['matmul_tflops']:.0f} TFLOP/s, {meta.get('date')}", "",
+             f"matmul ceiling {meta['matmul_tflops']:.3g} TFLOP/s, {meta.get('date')}", "",
              "Latency cells: p50 / p99 ms (fraction of the roofline floor reached); throughput cells: emb/s "
              "(fraction of the roofline ceiling). Roofline = model FLOPs / measured matmul rate.", ""]
     for model, res in results["models"].items():
@@ -36,6 +36,8 @@ def markdown(results: dict[str, Any]) -> str:
         if res.get("checks"):
             checks = ", ".join(f"{k} {v:.5f}" for k, v in res["checks"].items())
             lines += [f"Correctness (min cosine vs transformers): {checks}", ""]
+        if res.get("errors"):
+            lines += ["Errors: " + "; ".join(f"{k}: {v[:300]}" for k, v in res["errors"].items()), ""]
         if res.get("graphs"):
             g = res["graphs"]
             lines += [f"Graphs: graph == eager on {g['buckets_checked']} buckets, worst cosine {g['worst_cosine']:.6f}, "

@@ -215,7 +215,8 @@ class ServerProcess:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--device", device,
-                   "--port", str(port), "--log-level", "warning"]
+                   "--port", str(port), "--log-level", "warning",
+                   "--max-request-bytes", str(256 * 1024 * 1024)]  # benchmark 3 sends 100 × 4,096 ids as JSON
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             self.address = f"http://127.0.0.1:{port}"
 
