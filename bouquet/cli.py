@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -67,6 +68,57 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: bge-base | qwen3-0.6b | minilm. Repeatable."),
+    system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"],
+                                     help="Systems: engine (in process) | grpc | http | openai | transformers. Repeatable."),
+    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (DESIGN.md)."),
+    device: str = typer.Option("cuda", help="cuda | cpu"),
+    out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
+    models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
+    tokenizer: Optional[Path] = typer.Option(None, help="tokenizer.json to put in the model folders (default: all-MiniLM-L6-v2's)."),
+    tiny: bool = typer.Option(False, help="Small copies of the shapes (CPU smoke runs)."),
+    seconds: float = typer.Option(3.0, help="Time per case (at least --min-iters requests)."),
+    min_iters: int = typer.Option(5),
+    warmup: int = typer.Option(3, help="Untimed requests before each latency case."),
+    mixed_range: str = typer.Option("16,512", help="Mixed-length benchmark: lowest,highest length."),
+    lat_lengths: str = typer.Option("128,512,4096", help="Benchmark 1 lengths (longer than the model allows are skipped)."),
+    thr_lengths: str = typer.Option("512,1024,4096", help="Benchmark 3 lengths."),
+    score_batches: str = typer.Option("5,25,50"),
+    score_len: int = typer.Option(512, help="Benchmark 2 sequence length."),
+    conc_len: int = typer.Option(512, help="Benchmark 4 text length, tokens."),
+    thr_batch: int = typer.Option(100),
+    concurrency: str = typer.Option("1,2,4,8,16", help="Benchmark 4 client counts."),
+    grpc_address: Optional[str] = typer.Option(None, help="Use this bouquet replica (HOST:PORT) instead of starting one."),
+    http_url: Optional[str] = typer.Option(None, help="Use this bouquet gateway instead of starting one."),
+    openai_url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible base URL (system 'openai')."),
+    openai_model: Optional[str] = typer.Option(None),
+    commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
+) -> None:
+    """Run DESIGN.md's benchmarks against bouquet and the transformers baseline, side by side."""
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bouquet.bench.driver import BenchOptions, run_bench
+    from bouquet.bench.run import Settings
+
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+
+    settings = Settings(lat_lengths=ints(lat_lengths), score_batches=ints(score_batches), thr_lengths=ints(thr_lengths),
+                        score_len=score_len, conc_len=conc_len, thr_batch=thr_batch, concurrency=ints(concurrency), seconds=seconds, min_iters=min_iters,
+                        warmup=warmup, mixed=ints(mixed_range)[:2])  # type: ignore[arg-type]
+    opts = BenchOptions(models=tuple(model), systems=tuple(system), benchmarks=tuple(benchmarks.split(",")), device=device,
+                        out=out, models_root=models_root or out / "models", tokenizer=tokenizer, tiny=tiny,
+                        settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,
+                        openai_model=openai_model, commit=commit)
+    results, files = run_bench(opts)
+    typer.echo((out / "results.md").read_text())
+    for f in files:
+        typer.echo(f"wrote {f}")
+    if any(m["errors"] for m in results["models"].values()):
+        raise typer.Exit(1)
 
 
 def main() -> None:

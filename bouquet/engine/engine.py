@@ -1,9 +1,11 @@
 """The engine: one model on one device, stepping packed batches.
 
-``Engine.step(batch)`` returns a ``PendingResult`` at once. On CUDA the forward pass, pooling, the
-head and an asynchronous device→host copy into pinned memory are enqueued and a CUDA event is
-recorded; ``wait()`` blocks only the calling (helper) thread. On the CPU the work runs inside
-``step`` and the handle is already complete.
+``Engine.step(batch)`` returns a ``PendingResult`` at once. On CUDA the inputs go up in one copy
+from pinned memory, the forward pass, pooling and the head are enqueued (a CUDA-graph replay for
+batches up to ``GraphOptions.max_tokens``, see graphs.py), then an asynchronous device→host copy
+into pinned memory and a CUDA event; nothing in ``step`` waits for the device. ``wait()`` blocks
+only the calling (helper) thread. On the CPU the work runs inside ``step`` and the handle is
+already complete.
 
 What the engine does not own: request bookkeeping, batching policy (server/scheduler.py),
 tokenization (gateway), per-request normalization/truncation (pooling.finalize, in the server).
@@ -19,7 +21,9 @@ import torch
 
 from bouquet.engine.attention import AttentionBackend, select_backend
 from bouquet.engine.batch import Batch
-from bouquet.engine.pooling import pool
+from bouquet.engine.buckets import Bucket, bucket_for, load_hot
+from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
+from bouquet.engine.pooling import pool, pool_static
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
 from bouquet.modelspec import ModelSpec
@@ -67,6 +71,27 @@ class PendingResult:
 
 
 @dataclass(frozen=True)
+class GraphOptions:
+    """CUDA-graph settings (ServeConfig's ``enforce_eager``, ``graph_max_tokens``,
+    ``capture_buckets``, ``bucket_stats_path``). Ignored on the CPU."""
+
+    enabled: bool = True
+    max_tokens: int = 8192  # batches whose bucket has more tokens run eagerly
+    max_seqs: int = 512  # sequence slots of the largest bucket
+    capture: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
+    stats_path: str | None = None  # bucket-hit histogram: read at start, written at shutdown
+    debug: bool = False  # assert static buffers never move
+
+    @classmethod
+    def from_config(cls, cfg: object) -> "GraphOptions":
+        return cls(enabled=not getattr(cfg, "enforce_eager", False),
+                   max_tokens=int(getattr(cfg, "graph_max_tokens", 8192)),
+                   max_seqs=int(getattr(cfg, "max_batch_seqs", 512)),
+                   capture=tuple(getattr(cfg, "capture_buckets", ()) or ()),
+                   stats_path=getattr(cfg, "bucket_stats_path", None))
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     device: str
     dtype: str
@@ -80,11 +105,11 @@ class Engine:
     construction on a bad model.
 
     ``state``: an in-memory checkpoint (Hugging Face names, tensors on any device) used instead
-    of reading ``spec.path``; see ``from_state_dict``.
+    of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
     """
 
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
-                 state: dict[str, torch.Tensor] | None = None) -> None:
+                 state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None) -> None:
         t0 = time.perf_counter()
         self.spec = spec
         self.device = resolve_device(device)
@@ -103,6 +128,15 @@ class Engine:
         self.model = model
         self.causal = bool(model.causal)
         self.out_dim = spec.dimension
+        # BERT-style models always get token types (zeros = type 0) so one graph serves pairs and
+        # single texts alike; models without them (Qwen3) get None.
+        self.use_types = "type_vocab_size" in spec.config
+        self.graph_options = graphs or GraphOptions()
+        self.graphs: GraphManager | None = None
+        if self.device.type == "cuda" and self.graph_options.enabled:
+            o = self.graph_options
+            self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
+                                       self.use_types, debug=o.debug)
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)
         log.info("engine: %s on %s (%s), %d tensors loaded in %.2fs", spec.architecture, self.device,
@@ -110,35 +144,80 @@ class Engine:
 
     @classmethod
     def from_state_dict(cls, spec: ModelSpec, state: dict[str, torch.Tensor], device: str = "auto",
-                        dtype: str = "auto", attention: str | None = None) -> "Engine":
+                        dtype: str = "auto", attention: str | None = None,
+                        graphs: GraphOptions | None = None) -> "Engine":
         """Build from tensors already in memory (e.g. a transformers model's ``state_dict()`` on
         the GPU: no disk round trip). Tensors already on ``device`` in ``dtype`` are used without
         a copy. Same checks and errors as loading from disk."""
-        return cls(spec, device, dtype, attention, state=state)
+        return cls(spec, device, dtype, attention, state=state, graphs=graphs)
+
+    def _forward_packed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor | None, seg: torch.Tensor,
+                        cu: torch.Tensor, max_seqlen: int, uniform: bool = False) -> torch.Tensor:
+        """Device-only forward: int32 [T] ids/pos/types/segment ids, cu [S+1] → [S, out_dim] float32.
+        No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend).
+        ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
+        meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
+        hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
+        return self.model.head(pool_static(hidden, seg, cu, self.spec.pooling)).float()
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Eager forward of a packed batch → [B, out_dim] float32 on the engine's device."""
         dev = self.device
-        ids = torch.from_numpy(batch.input_ids).to(dev, non_blocking=True).long()
-        pos = torch.from_numpy(batch.position_ids).to(dev, non_blocking=True).long()
-        tt = None
-        if batch.token_type_ids is not None:
-            tt = torch.from_numpy(batch.token_type_ids).to(dev, non_blocking=True).long()
-        cu = torch.from_numpy(batch.cu_seqlens).to(dev, non_blocking=True)
-        meta = self.attn.prepare(cu, batch.max_seqlen, self.causal)
+        if dev.type == "cuda":
+            host = pack_inputs(batch, batch.num_tokens, batch.num_seqs)
+            ids, pos, tt, seg, cu = input_views(host.to(dev, non_blocking=True), batch.num_tokens, batch.num_seqs)
+            uniform = batch.num_seqs > 1 and batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
+            return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)
+        ids = torch.from_numpy(batch.input_ids).long()
+        pos = torch.from_numpy(batch.position_ids).long()
+        tt = None if batch.token_type_ids is None else torch.from_numpy(batch.token_type_ids).long()
+        cu = torch.from_numpy(batch.cu_seqlens)
+        meta = self.attn.prepare(cu, batch.max_seqlen, self.causal)  # host work: CPU only
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
         return self.model.head(pool(hidden, cu, self.spec.pooling)).float()
 
+    @torch.inference_mode()
     def step(self, batch: Batch) -> PendingResult:
-        out = self.forward(batch)
+        """Enqueue a batch; returns at once on CUDA (see the module docstring)."""
         if self.device.type != "cuda":
-            return PendingResult(out.numpy())
-        host = torch.empty(out.shape, dtype=torch.float32, pin_memory=True)
-        host.copy_(out, non_blocking=True)
+            return PendingResult(self.forward(batch).numpy())
+        o = self.graph_options
+        bucket = None
+        if self.graphs is not None:
+            bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, o.max_tokens, o.max_seqs)
+        if bucket is not None:
+            assert self.graphs is not None
+            host_in = pack_inputs(batch, bucket.tokens, bucket.seqs)
+            out = self.graphs.run(bucket, host_in)  # [S, D]
+        else:
+            host_in = None
+            out = self.forward(batch)  # [B, D]
+        b = batch.num_seqs
+        host = torch.empty((b, out.shape[1]), dtype=torch.float32, pin_memory=True)
+        host.copy_(out[:b], non_blocking=True)
         ev = torch.cuda.Event(blocking=True)
         ev.record()
-        return PendingResult(host.numpy(), ev, keepalive=(host, out))
+        return PendingResult(host.numpy(), ev, keepalive=(host, host_in, out))
+
+    def start_graphs(self) -> None:
+        """Capture the configured buckets and the hot ones of the saved histogram (start-up)."""
+        if self.graphs is None:
+            return
+        o = self.graph_options
+        wanted = [Bucket.parse(b) for b in o.capture]
+        if o.stats_path:
+            wanted += [b for b in load_hot(o.stats_path) if b not in wanted]
+        if wanted:
+            with torch.inference_mode():
+                self.graphs.precapture(wanted)
+            log.info("engine: captured %d buckets at start-up: %s", len(wanted), " ".join(map(str, wanted)))
+
+    def shutdown(self) -> None:
+        """Save the bucket-hit histogram (when configured) so the next start pre-captures it."""
+        if self.graphs is not None and self.graph_options.stats_path:
+            self.graphs.lazy.save_stats(self.graph_options.stats_path)
+            log.info("engine: bucket histogram saved to %s", self.graph_options.stats_path)
 
     def warmup(self) -> None:
         """One small batch through the whole path, so /health turns green only on a working model."""
@@ -147,3 +226,4 @@ class Engine:
         rows = self.step(Batch.pack([ids, ids[:1]])).wait()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite outputs; check --dtype and the weights")
+        self.start_graphs()

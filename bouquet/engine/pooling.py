@@ -37,16 +37,17 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Ten
 
 
 def pool_static(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Tensor:
-    """Like ``pool`` but with a precomputed segment id per token (seg_ids [T] int64): no
-    data-dependent shapes, so it can be captured in a CUDA graph. Padding tokens carry the id of
-    a padding slot and are ignored by the caller."""
+    """Like ``pool`` but graph-safe: hidden [T, D], seg_ids [T] int32/int64 (sequence index of
+    each token; padding tokens carry B, a row that is dropped), cu_seqlens [B+1] → [B, D] float32.
+    No data-dependent shapes and no host syncs, so it can be captured in a CUDA graph."""
     if mode != "mean":
         return pool(hidden, cu_seqlens, mode)
     cu = cu_seqlens.to(torch.int64)
+    n = cu.shape[0] - 1
     lengths = (cu[1:] - cu[:-1]).clamp(min=1).unsqueeze(1).to(torch.float32)
-    sums = torch.zeros(lengths.shape[0], hidden.shape[1], device=hidden.device, dtype=torch.float32)
-    sums.index_add_(0, seg_ids, hidden.float())
-    return sums / lengths
+    sums = torch.zeros(n + 1, hidden.shape[1], device=hidden.device, dtype=torch.float32)
+    sums.index_add_(0, seg_ids.to(torch.int64), hidden.float())
+    return sums[:n] / lengths
 
 
 def finalize(vectors: np.ndarray, normalize: bool, dimensions: int | None) -> np.ndarray:

@@ -45,7 +45,7 @@ def default_batch_tokens(cfg: ServeConfig, device_type: str) -> int:
 async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> None:
     import torch  # the server process is where torch lives; imported after argument parsing
 
-    from bouquet.engine.engine import Engine, resolve_device
+    from bouquet.engine.engine import Engine, GraphOptions, resolve_device
 
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
     dev = resolve_device(device or cfg.device)
@@ -67,7 +67,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    engine = await asyncio.to_thread(Engine, spec, str(dev), cfg.dtype)
+    engine = await asyncio.to_thread(Engine, spec, str(dev), cfg.dtype, None, GraphOptions.from_config(cfg))
     await asyncio.to_thread(engine.warmup)
     service.attach(engine, engine.info)
     log.info("server: ready (%s, %s, attention=%s)", engine.info.device, engine.info.dtype, engine.info.attention)
@@ -76,6 +76,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> 
     await service.drain(timeout_s=30)
     await server.stop(grace=5)
     loop_task.cancel()
+    engine.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.layers import activation, fuse_linears
+from bouquet.engine.ops import add_layer_norm
 
 
 class BertEmbeddings(nn.Module):
@@ -99,9 +100,9 @@ class BertLayer(nn.Module):
             q, k, v = (m(x).view(T, self.num_heads, self.head_dim) for m in (s.query, s.key, s.value))
         a = attn.attend(q, k, v, meta).reshape(T, h)  # [T, hidden]
         o = self.attention.output
-        x = o.LayerNorm(o.dense(a) + x)
+        x = add_layer_norm(o.dense(a), x, o.LayerNorm)  # one fused kernel on CUDA
         y = self.output.dense(self.act(self.intermediate.dense(x)))
-        return self.output.LayerNorm(y + x)
+        return add_layer_norm(y, x, self.output.LayerNorm)
 
 
 class BertEncoder(nn.Module):

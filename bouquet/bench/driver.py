@@ -1,0 +1,221 @@
+"""`bouquet bench`: build random-weight models, start the systems, check, time, report.
+
+Per model shape: the transformers reference is loaded first; each system is checked against it
+(cosine within 0.1%) before it is timed; the in-process engine also runs the graph == eager check
+for every bucket it captures. Systems: ``engine`` (in process), ``grpc`` and ``http`` (a bouquet
+server started here, or the one at ``grpc_address``/``http_url``), ``openai`` (any
+OpenAI-compatible URL), ``transformers``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import logging
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bouquet.bench import run as R
+from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_model_dir, tiny
+from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
+
+log = logging.getLogger("bouquet.bench")
+SYSTEMS = ("engine", "grpc", "http", "openai", "transformers")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    models: tuple[str, ...] = ("bge-base",)
+    systems: tuple[str, ...] = ("engine", "grpc", "http", "transformers")
+    benchmarks: tuple[str, ...] = ("1", "2", "3", "mixed", "4")
+    device: str = "cuda"
+    out: Path = Path("bench/out")
+    models_root: Path = Path("bench/out/models")
+    tokenizer: Path | None = None
+    tiny: bool = False  # small model copies (CPU smoke runs)
+    settings: R.Settings = field(default_factory=R.Settings)
+    grpc_address: str | None = None
+    http_url: str | None = None
+    openai_url: str | None = None
+    openai_model: str | None = None
+    graph_check: bool = True
+    commit: str | None = None
+
+
+def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    commit = opts.commit
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    gpu = torch.cuda.get_device_name() if opts.device.startswith("cuda") else None
+    return {"commit": commit, "date": _dt.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
+            "cpu": f"{platform.processor() or platform.machine()} x{__import__('os').cpu_count()}",
+            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "transformers": transformers.__version__, "matmul_tflops": rate / 1e12,
+            "settings": opts.settings.__dict__, "device": opts.device}
+
+
+def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.Generator) -> dict[str, Any]:
+    """Replay == eager for a spread of buckets: each batch runs three times (eager warm-up,
+    capture, replay) and the replay is compared with an exact-shape eager forward."""
+    import torch
+
+    from bouquet.engine.batch import Batch
+
+    eng = engine_target.engine
+    vocab = shape.config["vocab_size"]
+    cases = [[1], [7], [128], [512], [5] * 3, [512] * 5, [300, 17, 64, 1]]
+    cases += [list(rng.integers(16, 513, size=n)) for n in (8, 25, 50)]
+    if shape.max_len >= 4096:
+        cases += [[4096], [2000, 1000]]
+    worst, max_diff = 1.0, 0.0
+    for lengths in cases:
+        batch = Batch.pack(R.random_seqs(rng, [int(n) for n in lengths], vocab))
+        for _ in range(3):
+            got = eng.step(batch).wait()
+        want = eng.forward(batch).cpu().numpy()
+        cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
+        worst = min(worst, float(cos.min()))
+        max_diff = max(max_diff, float(np.abs(got - want).max()))
+    stats: dict[str, Any] = eng.graphs.stats() if eng.graphs is not None else {"captured": 0, "capture_s": 0.0}
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    return {"buckets_checked": len(cases), "worst_cosine": worst, "max_abs_diff": max_diff,
+            "captured": stats["captured"], "capture_s": stats["capture_s"], "peak_mem_gib": peak}
+
+
+def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[ServerProcess]) -> Target:
+    if system == "engine":
+        return EngineTarget(model_dir, opts.device)
+    if system == "transformers":
+        return TransformersTarget(model_dir, opts.device)
+    if system in ("grpc", "http"):
+        given = opts.grpc_address if system == "grpc" else opts.http_url
+        if given is None:  # start our own and watch it while it loads
+            servers.append(ServerProcess(system, model_dir, opts.device))
+        address = given or servers[-1].address
+        remote: GrpcTarget | HttpTarget = GrpcTarget(address) if system == "grpc" else HttpTarget(address)
+        remote.wait_ready(300, servers[-1].check if servers else lambda: None)
+        return remote
+    if system == "openai":
+        if not opts.openai_url:
+            raise ValueError("system 'openai' needs --openai-url")
+        return HttpTarget(opts.openai_url, opts.openai_model, name="openai-url")
+    raise ValueError(f"unknown system {system!r}; choose from {SYSTEMS}")
+
+
+def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str, Any]:
+    tok = opts.tokenizer or default_tokenizer()
+    model_dir = make_model_dir(shape, opts.models_root, tok)
+    s = opts.settings
+    rng = np.random.default_rng(0)
+    check_seqs = R.random_seqs(rng, [7, 128, 512, 33], shape.config["vocab_size"])
+    ref = TransformersTarget(model_dir, opts.device)
+    texts = R.make_texts(str(tok), 64, s.conc_len)
+    res: dict[str, Any] = {"model_dir": str(model_dir), "rows": [], "checks": {}, "errors": {}}
+    for system in opts.systems:
+        servers: list[ServerProcess] = []
+        target: Target | None = None
+        try:
+            target = ref if system == "transformers" else _open(system, model_dir, opts, servers)
+            log.info("%s / %s: checking against transformers", shape.name, target.name)
+            res["checks"][target.name] = R.cosine_check(target, ref, check_seqs)
+            for phase in ("graphs", "latency", "throughput", "concurrency"):
+                try:  # a failing phase (say, a request size a server refuses) keeps the others
+                    _phase(phase, target, ref, shape, opts, rate, rng, texts, model_dir, res)
+                except Exception as e:  # noqa: BLE001
+                    log.exception("%s / %s / %s failed", shape.name, system, phase)
+                    res["errors"][f"{system}/{phase}"] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - one failing system must not lose the others' rows
+            log.exception("%s / %s failed", shape.name, system)
+            res["errors"][system] = f"{type(e).__name__}: {e}"
+        finally:
+            if target is not None and target is not ref:
+                target.close()
+            for sp in servers:
+                sp.stop()
+            del target
+            gc.collect()
+            _free_cuda()
+    return res
+
+
+def _phase(phase: str, target: Target, ref: Target, shape: ModelShape, opts: BenchOptions, rate: float,
+           rng: np.random.Generator, texts: list[str], model_dir: Path, res: dict[str, Any]) -> None:
+    s, want = opts.settings, opts.benchmarks
+    n_rows = len(res["rows"])
+    if phase == "graphs" and isinstance(target, EngineTarget) and opts.graph_check and opts.device.startswith("cuda"):
+        res["graphs"] = graph_check(target, shape, rng)
+        log.info("graph check: %s", res["graphs"])
+    elif phase == "latency" and ("1" in want or "2" in want):
+        res["rows"] += [r for r in R.bench_latency(target, shape, s, rate, rng) if r["bench"] in want]
+    elif phase == "throughput" and ("3" in want or "mixed" in want):
+        res["rows"] += R.bench_throughput(target, shape, s, rate, "mixed" in want, "3" in want)
+    elif phase == "concurrency" and "4" in want and target.tokenizes:
+        if isinstance(target, HttpTarget) and target.name == "bouquet-http":
+            res["checks"][target.name + "-text"] = _text_check(target, ref, model_dir, texts[0])
+        res["rows"] += R.bench_concurrency(target, shape, s, rate, texts)
+    for r in res["rows"][n_rows:]:
+        log.info("%s", r)
+
+
+def _text_check(target: HttpTarget, ref: Target, model_dir: Path, text: str) -> float:
+    """The gateway's text path against the reference on the same ids, tokenized here as the
+    gateway does (no padding, truncation to the model's limit, EOS appended where declared)."""
+    from tokenizers import Tokenizer
+
+    from bouquet.modelspec import load_spec
+
+    spec = load_spec(str(model_dir))
+    eos = spec.append_eos_id
+    tk = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tk.no_padding()  # the MiniLM file pads to 128 by default
+    tk.enable_truncation(spec.max_seq_length - (1 if eos is not None else 0))
+    ids = tk.encode(text).ids + ([eos] if eos is not None else [])
+    return R.cosine_check(_Fixed(target.embed_texts([text])), ref, [np.array(ids, np.int32)])
+
+
+class _Fixed(Target):
+    """A target that returns precomputed rows (checks the text path against ids)."""
+
+    name = "bouquet-http-text"
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
+        return self.rows
+
+
+def _free_cuda() -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], list[Path]]:
+    """Run everything; returns (results, files written)."""
+    from bouquet.bench.report import write_all
+
+    rate = R.measure_matmul_rate(opts.device)
+    results: dict[str, Any] = {"meta": _meta(opts, rate), "models": {}}
+    for name in opts.models:
+        if name not in SHAPES:
+            raise ValueError(f"unknown model shape {name!r}; choose from {sorted(SHAPES)}")
+        shape = tiny(SHAPES[name]) if opts.tiny else SHAPES[name]
+        results["models"][shape.name] = bench_model(shape, opts, rate)
+        write_all(results, opts.out)  # partial results survive a later failure
+    return results, write_all(results, opts.out)

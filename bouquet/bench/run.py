@@ -1,0 +1,207 @@
+"""The four benchmarks of DESIGN.md (plus mixed lengths), run against any ``Target``.
+
+1. batch 1, sequential, pre-tokenized, lengths ``lat_lengths``: p50/p90/p99/max ms
+2. scoring: batches of 5/25/50 sequences of 512 tokens, sequential: ms
+3. throughput: batches of 100, ``clients`` concurrent clients, lengths ``thr_lengths``: emb/s;
+   ``mixed``: the same with lengths uniform in [16, 512], in arrival order
+4. concurrency: text through an HTTP gateway, 512 tokens, batch 1, 1–16 clients: ms
+
+Every case runs for about ``seconds`` (at least ``min_iters`` requests) so slow baselines do not
+blow the time budget. Each row carries its roofline: the model's FLOPs for the request over the
+measured matmul rate (``floor_ms`` / ``ceiling_emb_s``) and the fraction of it reached.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from bouquet.bench.models import ModelShape
+from bouquet.bench.targets import Target
+
+
+@dataclass(frozen=True)
+class Settings:
+    lat_lengths: tuple[int, ...] = (128, 512, 4096)
+    score_batches: tuple[int, ...] = (5, 25, 50)
+    score_len: int = 512
+    thr_lengths: tuple[int, ...] = (512, 1024, 4096)
+    thr_batch: int = 100
+    clients: int = 4
+    mixed: tuple[int, int] = (16, 512)
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    conc_len: int = 512
+    seconds: float = 3.0
+    min_iters: int = 5
+    warmup: int = 3
+
+
+def pct(xs: list[float], p: float) -> float:
+    return float(np.percentile(np.asarray(xs), p))
+
+
+def summary(ms: list[float]) -> dict[str, float]:
+    return {"p50": round(pct(ms, 50), 3), "p90": round(pct(ms, 90), 3), "p99": round(pct(ms, 99), 3),
+            "max": round(max(ms), 3), "n": len(ms)}
+
+
+def random_seqs(rng: np.random.Generator, lengths: list[int], vocab: int) -> list[np.ndarray]:
+    """Token ids in [1000, vocab) (clear of special tokens); every shape's vocab ≥ 30,522."""
+    hi = min(vocab, 30522)
+    return [rng.integers(1000, hi, size=n, dtype=np.int32) for n in lengths]
+
+
+def measure_matmul_rate(device: str) -> float:
+    """bf16 (GPU) / fp32 (CPU) square matmul rate in FLOP/s: the roofline's ceiling."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    n = 8192 if cuda else 512
+    dt = torch.bfloat16 if cuda else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dt)
+    b = torch.randn(n, n, device=device, dtype=dt)
+    for _ in range(3):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize()
+    reps = 10
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize()
+    return 2.0 * n ** 3 * reps / (time.perf_counter() - t)
+
+
+def cosine_check(target: Target, reference: Target, seqs: list[np.ndarray], tol: float = 1e-3) -> float:
+    """Minimum row cosine between target and reference on ``seqs``. Raises AssertionError naming
+    the target when any row is below 1 - tol (0.1%)."""
+    a, b = target.embed_ids(seqs), reference.embed_ids(seqs)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
+    worst = float(cos.min())
+    if worst < 1 - tol:
+        raise AssertionError(f"{target.name}: cosine {worst:.5f} vs {reference.name} is below {1 - tol}")
+    return worst
+
+
+def _timed(fn: Callable[[], Any], s: Settings) -> list[float]:
+    for _ in range(s.warmup):
+        fn()
+    ms: list[float] = []
+    end = time.perf_counter() + s.seconds
+    while len(ms) < s.min_iters or time.perf_counter() < end:
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return ms
+
+
+def _latency_row(bench: str, case: str, target: Target, ms: list[float], flops: float, rate: float) -> dict[str, Any]:
+    floor = flops / rate * 1e3
+    row = {"bench": bench, "case": case, "system": target.name, **summary(ms), "floor_ms": round(floor, 4)}
+    row["roofline_frac"] = round(floor / row["p50"], 4)
+    return row
+
+
+def bench_latency(target: Target, shape: ModelShape, s: Settings, rate: float, rng: np.random.Generator) -> list[dict[str, Any]]:
+    rows = []
+    vocab = shape.config["vocab_size"]
+    for L in (x for x in s.lat_lengths if x <= shape.max_len):
+        seq = random_seqs(rng, [L], vocab)
+        ms = _timed(lambda: target.embed_ids(seq), s)
+        rows.append(_latency_row("1", f"b1 L{L}", target, ms, shape.sequence_flops(L), rate))
+    for B in s.score_batches:
+        seqs = random_seqs(rng, [s.score_len] * B, vocab)
+        ms = _timed(lambda: target.embed_ids(seqs), s)
+        rows.append(_latency_row("2", f"b{B} L{s.score_len}", target, ms, B * shape.sequence_flops(s.score_len), rate))
+    return rows
+
+
+def _throughput(target: Target, make: Callable[[np.random.Generator], list[np.ndarray]], s: Settings) -> float:
+    """Embeddings/s with ``s.clients`` threads each sending requests back to back."""
+    reqs = [[make(np.random.default_rng(1000 * c + i)) for i in range(2)] for c in range(s.clients)]
+    shapes: dict[tuple[int, ...], list[np.ndarray]] = {}
+    for r in (r for rs in reqs for r in rs):
+        shapes.setdefault(tuple(len(x) for x in r), r)
+    for r in shapes.values():  # warm every distinct request shape once (graph capture, autotuning)
+        target.embed_ids(r)
+    done = [0] * s.clients
+    start = time.perf_counter()
+    end = start + s.seconds
+
+    def client(c: int) -> None:
+        i = 0
+        while i < 1 or time.perf_counter() < end:
+            seqs = reqs[c][i % len(reqs[c])]
+            target.embed_ids(seqs)
+            done[c] += len(seqs)
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(s.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - start)
+
+
+def bench_throughput(target: Target, shape: ModelShape, s: Settings, rate: float, mixed: bool, lengths_ok: bool = True) -> list[dict[str, Any]]:
+    rows = []
+    vocab = shape.config["vocab_size"]
+    cases: list[tuple[str, Callable[[np.random.Generator], list[np.ndarray]], float]] = []
+    if lengths_ok:
+        for L in (x for x in s.thr_lengths if x <= shape.max_len):
+            cases.append((f"b{s.thr_batch} L{L}", lambda r, L=L: random_seqs(r, [L] * s.thr_batch, vocab), shape.sequence_flops(L)))
+    if mixed:
+        lo, hi = s.mixed
+        mean_flops = float(np.mean([shape.sequence_flops(n) for n in range(lo, hi + 1)]))
+        cases.append((f"b{s.thr_batch} mixed {lo}-{hi}",
+                      lambda r: random_seqs(r, list(r.integers(lo, hi + 1, size=s.thr_batch)), vocab), mean_flops))
+    for case, make, seq_flops in cases:
+        emb_s = _throughput(target, make, s)
+        ceiling = rate / seq_flops
+        rows.append({"bench": "3" if "mixed" not in case else "3-mixed", "case": case, "system": target.name,
+                     "emb_s": round(emb_s, 1), "ceiling_emb_s": round(ceiling, 1), "roofline_frac": round(emb_s / ceiling, 4)})
+    return rows
+
+
+def make_texts(tokenizer_path: str, n: int, tokens: int, seed: int = 0) -> list[str]:
+    """``n`` texts of random whole-word vocabulary entries that tokenize to about ``tokens`` tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    words = [w for w, i in tok.get_vocab().items() if w.isalpha() and w.isascii() and i > 2000]
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(words, size=tokens - 2)) for _ in range(n)]
+
+
+def bench_concurrency(target: Target, shape: ModelShape, s: Settings, rate: float, texts: list[str]) -> list[dict[str, Any]]:
+    """Benchmark 4: ``c`` clients each sending one text at a time; latency per request."""
+    rows = []
+    for c in s.concurrency:
+        for t in texts[:2]:
+            target.embed_texts([t])
+        lat: list[list[float]] = [[] for _ in range(c)]
+        end = time.perf_counter() + s.seconds
+
+        def client(k: int) -> None:
+            i = k
+            while len(lat[k]) < s.min_iters or time.perf_counter() < end:
+                t0 = time.perf_counter()
+                target.embed_texts([texts[i % len(texts)]])
+                lat[k].append((time.perf_counter() - t0) * 1e3)
+                i += c
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(c)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        ms = [x for xs in lat for x in xs]
+        row = _latency_row("4", f"c{c} L{s.conc_len}", target, ms, shape.sequence_flops(s.conc_len), rate)
+        row["req_s"] = round(len(ms) / s.seconds, 1)
+        rows.append(row)
+    return rows

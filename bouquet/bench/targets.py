@@ -1,0 +1,237 @@
+"""The systems a benchmark talks to, each behind the same two calls.
+
+``embed_ids(seqs)``: pre-tokenized int32 sequences → [B, D] float32 (normalized, as served).
+``embed_texts(texts)``: strings → [B, D] float32 (only targets that tokenize: HTTP ones).
+
+- ``GrpcTarget``: a bouquet server replica over gRPC (no gateway).
+- ``HttpTarget``: an OpenAI-compatible ``/v1/embeddings`` URL (bouquet's gateway or any other);
+  token-id inputs for benchmarks 1–3, text for benchmark 4; base64 replies.
+- ``EngineTarget``: bouquet's engine in this process (no server): the floor under (a) and (b).
+- ``TransformersTarget``: what users run today: ``transformers`` in bf16 with SDPA, padded
+  batches in arrival order, pooled as the model's sentence-transformers config says.
+
+In-process targets serialise calls with a lock (one GPU stream); the engine overlaps the next
+launch with the previous wait by holding the lock only around ``step``.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+class Target:
+    name = "target"
+    tokenizes = False
+
+    def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError(f"{self.name} takes pre-tokenized input only")
+
+    def close(self) -> None:
+        pass
+
+
+class EngineTarget(Target):
+    def __init__(self, model_dir: Path, device: str, eager: bool = False) -> None:
+        from bouquet.engine.engine import Engine, GraphOptions
+        from bouquet.modelspec import load_spec
+
+        self.spec = load_spec(str(model_dir))
+        self.engine = Engine(self.spec, device, graphs=GraphOptions(enabled=not eager))
+        self.engine.warmup()
+        self.name = "bouquet-engine" + ("-eager" if eager else "")
+        self._lock = threading.Lock()
+
+    def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
+        from bouquet.engine.batch import Batch
+        from bouquet.engine.pooling import finalize
+
+        batch = Batch.pack(seqs)
+        with self._lock:
+            handle = self.engine.step(batch)
+        return finalize(handle.wait(), self.spec.normalize, None)
+
+
+class TransformersTarget(Target):
+    name = "transformers"
+
+    def __init__(self, model_dir: Path, device: str) -> None:
+        import torch
+        from transformers import AutoModel
+
+        from bouquet.modelspec import load_spec
+
+        self.spec = load_spec(str(model_dir))
+        self.torch, self.device = torch, device
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        self.model = AutoModel.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        self._lock = threading.Lock()
+
+    def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
+        torch = self.torch
+        L = max(len(s) for s in seqs)
+        ids = np.zeros((len(seqs), L), np.int64)
+        mask = np.zeros((len(seqs), L), np.int64)
+        for i, s in enumerate(seqs):  # right padding, arrival order (a server cannot sort)
+            ids[i, :len(s)] = s
+            mask[i, :len(s)] = 1
+        with self._lock, torch.inference_mode():
+            t_ids = torch.from_numpy(ids).to(self.device)
+            t_mask = torch.from_numpy(mask).to(self.device)
+            h = self.model(input_ids=t_ids, attention_mask=t_mask).last_hidden_state  # [B, L, D]
+            if self.spec.pooling == "cls":
+                v = h[:, 0]
+            elif self.spec.pooling == "last":
+                v = h[torch.arange(h.shape[0], device=h.device), t_mask.sum(1) - 1]
+            else:
+                m = t_mask.unsqueeze(-1).to(h.dtype)
+                v = (h * m).sum(1) / m.sum(1)
+            out = v.float().cpu().numpy()
+        return _normalize(out) if self.spec.normalize else out
+
+
+class GrpcTarget(Target):
+    name = "bouquet-grpc"
+
+    def __init__(self, address: str) -> None:
+        import grpc
+
+        from bouquet.proto import bouquet_pb2 as pb
+        from bouquet.proto.rpc import CHANNEL_OPTIONS, SERVICE
+
+        self.pb = pb
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._embed = self.channel.unary_unary(f"/{SERVICE}/Embed", request_serializer=pb.EmbedRequest.SerializeToString,
+                                               response_deserializer=pb.EmbedReply.FromString)
+        self._info = self.channel.unary_unary(f"/{SERVICE}/Info", request_serializer=pb.InfoRequest.SerializeToString,
+                                              response_deserializer=pb.InfoReply.FromString)
+
+    def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
+        """Poll Info until ready; ``alive`` raises when the server process has died."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            alive()
+            try:
+                if self._info(self.pb.InfoRequest(), timeout=2).ready:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"gRPC server not ready after {timeout_s}s")
+
+    def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
+        lengths = np.array([len(s) for s in seqs], "<i4")
+        req = self.pb.EmbedRequest(input_ids=np.concatenate(seqs).astype("<i4").tobytes(), lengths=lengths.tobytes())
+        rep = self._embed(req, timeout=600)
+        return np.frombuffer(rep.output.data, "<f4").reshape(tuple(rep.output.shape))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class HttpTarget(Target):
+    tokenizes = True
+
+    def __init__(self, url: str, model: str | None = None, name: str = "bouquet-http") -> None:
+        import httpx
+
+        self.url = url.rstrip("/") + "/v1/embeddings"
+        self.model, self.name = model, name
+        self.client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64))
+
+    def _post(self, inputs: Any) -> np.ndarray:
+        body: dict[str, Any] = {"input": inputs, "encoding_format": "base64"}
+        if self.model:
+            body["model"] = self.model
+        r = self.client.post(self.url, content=json.dumps(body), headers={"content-type": "application/json"})
+        r.raise_for_status()
+        data = sorted(r.json()["data"], key=lambda d: d["index"])
+        return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in data])
+
+    def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
+        return self._post([s.tolist() for s in seqs])
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        return self._post(texts)
+
+    def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
+        """Poll /health until 200; ``alive`` raises when the server process has died."""
+        deadline = time.monotonic() + timeout_s
+        health = self.url.removesuffix("/v1/embeddings") + "/health"
+        while time.monotonic() < deadline:
+            alive()
+            try:
+                if self.client.get(health, timeout=2).status_code == 200:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{health} not healthy after {timeout_s}s")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class ServerProcess:
+    """A bouquet server (``grpc``: one replica, ``http``: gateway + replica) started for the run.
+
+    Raises RuntimeError with the log's tail when it exits before becoming ready."""
+
+    def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None) -> None:
+        from bouquet.config import ServeConfig
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
+        self.log = open(self.tmp / "server.log", "wb")
+        env = {**os.environ, **(extra_env or {})}
+        if kind == "grpc":
+            cfg = ServeConfig(model=str(model_dir), device=device).validate()  # type: ignore[arg-type]
+            port_file = self.tmp / "port"
+            cmd = [sys.executable, "-m", "bouquet.server", "--config", cfg.to_json(), "--port-file", str(port_file)]
+            self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            while not port_file.exists():
+                self.check()
+                time.sleep(0.05)
+            self.address = f"127.0.0.1:{port_file.read_text().strip()}"
+        else:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--device", device,
+                   "--port", str(port), "--log-level", "warning",
+                   "--max-request-bytes", str(256 * 1024 * 1024)]  # benchmark 3 sends 100 × 4,096 ids as JSON
+            self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            self.address = f"http://127.0.0.1:{port}"
+
+    def check(self) -> None:
+        """Raise RuntimeError with the server log's tail when the process has exited."""
+        if self.proc.poll() is not None:
+            self.log.flush()
+            tail = (self.tmp / "server.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()

@@ -1,0 +1,147 @@
+"""Bucket arithmetic and the lazy-capture state machine of the CUDA-graph path (no torch, no CUDA).
+
+A *bucket* is the static shape a CUDA graph is captured for: sequence slots, token count and the
+``max_seqlen`` bound given to the attention kernel. Rounding a batch up to its bucket keeps the
+number of graphs small; every quantity is rounded separately because each one costs time when it
+is loose (DESIGN.md: a loose ``max_seqlen`` or many empty slots slow attention down).
+
+``LazyCapture`` decides, per bucket, whether a batch runs eagerly, is captured, or is replayed:
+first sight → eager (it warms up kernels and allocator), second sight → capture, then replay. It
+counts hits so the hot buckets can be saved on shutdown and captured at the next start. The
+capture itself is a strategy passed in (the CUDA one lives in ``graphs.py``), so this file is
+tested on CPU with real behaviour.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generic, TypeVar
+
+G = TypeVar("G")
+
+TOKEN_STEP_SMALL = 64  # token counts up to 1,024 round to a multiple of 64 …
+TOKEN_STEP_LARGE = 256  # … and above to a multiple of 256
+TOKEN_SMALL_LIMIT = 1024
+MIN_MAX_SEQLEN = 16
+
+
+def _ceil_to(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def round_tokens(n: int) -> int:
+    """Token count → bucket: next multiple of 64 up to 1,024, of 256 above. Raises on n < 1."""
+    if n < 1:
+        raise ValueError(f"token count must be >= 1, got {n}")
+    return _ceil_to(n, TOKEN_STEP_SMALL) if n <= TOKEN_SMALL_LIMIT else _ceil_to(n, TOKEN_STEP_LARGE)
+
+
+def round_seqs(n: int) -> int:
+    """Sequence count → slots: the next power of two (1, 2, 4, 8, …). Raises on n < 1."""
+    if n < 1:
+        raise ValueError(f"sequence count must be >= 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def round_max_seqlen(n: int, tokens: int) -> int:
+    """Longest sequence → attention bound: next power of two (at least 16), never above the
+    bucket's token count (no sequence can be longer than the batch)."""
+    if n < 1:
+        raise ValueError(f"max_seqlen must be >= 1, got {n}")
+    return min(max(MIN_MAX_SEQLEN, 1 << (n - 1).bit_length()), tokens)
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    """Static shape of one graph: ``seqs`` slots, ``tokens`` rows, attention bound ``max_seqlen``."""
+
+    seqs: int
+    tokens: int
+    max_seqlen: int
+
+    def __str__(self) -> str:
+        return f"{self.seqs}:{self.tokens}:{self.max_seqlen}"
+
+    @staticmethod
+    def parse(text: str) -> "Bucket":
+        """'seqs:tokens:max_seqlen' → Bucket, rounded to valid bucket sizes.
+
+        Raises ValueError naming the text when it is malformed or out of range.
+        """
+        try:
+            s, t, m = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise ValueError(f"bucket {text!r} must be 'seqs:tokens:max_seqlen' (three integers)") from None
+        if not (1 <= s <= t and 1 <= m <= t):
+            raise ValueError(f"bucket {text!r} needs 1 <= seqs <= tokens and 1 <= max_seqlen <= tokens")
+        tokens = round_tokens(t)
+        return Bucket(round_seqs(s), tokens, round_max_seqlen(m, tokens))
+
+    def example_lengths(self) -> list[int]:
+        """Sequence lengths of a batch that fits this bucket exactly: one long sequence, the rest
+        of length 1 (used to capture a bucket before any real batch has been seen)."""
+        first = min(self.max_seqlen, self.tokens - (self.seqs - 1))
+        return [max(first, 1)] + [1] * (self.seqs - 1)
+
+
+def bucket_for(num_seqs: int, num_tokens: int, max_seqlen: int, graph_max_tokens: int, max_seqs: int) -> Bucket | None:
+    """The bucket a batch runs in, or None when it runs eagerly (more tokens than
+    ``graph_max_tokens`` after rounding, or more sequence slots than ``max_seqs``)."""
+    tokens = round_tokens(num_tokens)
+    seqs = round_seqs(num_seqs)
+    if tokens > graph_max_tokens or seqs > max_seqs:
+        return None
+    return Bucket(seqs, tokens, round_max_seqlen(max_seqlen, tokens))
+
+
+class LazyCapture(Generic[G]):
+    """First sight of a bucket → None (run eagerly); second → ``capture(bucket)``; then the same
+    graph. Keeps a hit count per bucket. Not thread-safe: one engine thread calls it."""
+
+    def __init__(self, capture: Callable[[Bucket], G]) -> None:
+        self._capture = capture
+        self.graphs: dict[Bucket, G] = {}
+        self.seen: set[Bucket] = set()
+        self.hits: Counter[Bucket] = Counter()
+        self.capture_seconds: dict[Bucket, float] = {}
+
+    def lookup(self, bucket: Bucket) -> G | None:
+        self.hits[bucket] += 1
+        g = self.graphs.get(bucket)
+        if g is not None:
+            return g
+        if bucket not in self.seen:
+            self.seen.add(bucket)
+            return None
+        return self.ensure(bucket)
+
+    def ensure(self, bucket: Bucket) -> G:
+        """Capture now (start-up pre-capture, or the second sight)."""
+        g = self.graphs.get(bucket)
+        if g is None:
+            import time
+
+            t0 = time.perf_counter()
+            g = self._capture(bucket)
+            self.capture_seconds[bucket] = time.perf_counter() - t0
+            self.graphs[bucket] = g
+            self.seen.add(bucket)
+        return g
+
+    def save_stats(self, path: str | Path) -> None:
+        """Write {bucket: hits} as JSON, hottest first (read back by ``load_hot``)."""
+        data = {str(b): n for b, n in self.hits.most_common()}
+        Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def load_hot(path: str | Path, limit: int = 32, min_hits: int = 2) -> list[Bucket]:
+    """Buckets with at least ``min_hits`` hits in a saved histogram, hottest first; [] when the
+    file does not exist. Raises ValueError on a malformed file."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    raw = json.loads(p.read_text(encoding="utf-8"))
+    ranked = sorted(((int(n), Bucket.parse(k)) for k, n in raw.items()), key=lambda x: -x[0])
+    return [b for n, b in ranked if n >= min_hits][:limit]

@@ -1,0 +1,34 @@
+"""`bouquet bench` end to end on the CPU at tiny sizes: servers start, outputs are checked against
+transformers, and the table and a plot are written."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("transformers")
+
+
+def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+           "--system", "engine", "--system", "grpc", "--system", "transformers", "--out", str(tmp_path),
+           "--benchmarks", "1,2,3,mixed", "--seconds", "0.1", "--min-iters", "2", "--lat-lengths", "16,32",
+           "--thr-lengths", "32", "--score-batches", "2", "--score-len", "32", "--thr-batch", "4",
+           "--mixed-range", "8,32", "--warmup", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    m = res["models"]["minilm-tiny"]
+    assert not m["errors"]
+    assert set(m["checks"]) == {"bouquet-engine", "bouquet-grpc", "transformers"}
+    systems = {r["system"] for r in m["rows"]}
+    assert systems == {"bouquet-engine", "bouquet-grpc", "transformers"}
+    assert {r["bench"] for r in m["rows"]} == {"1", "2", "3", "3-mixed"}
+    assert all(r["roofline_frac"] > 0 for r in m["rows"])
+    md = (tmp_path / "results.md").read_text()
+    assert "| b1 L16 |" in md and "bouquet-grpc" in md
+    assert (tmp_path / "bench-minilm-tiny.png").stat().st_size > 1000

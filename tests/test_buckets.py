@@ -1,0 +1,93 @@
+"""Bucket arithmetic, the lazy-capture state machine and the graph input layout (CPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bouquet.engine.batch import Batch
+from bouquet.engine.buckets import Bucket, LazyCapture, bucket_for, load_hot, round_max_seqlen, round_seqs, round_tokens
+from bouquet.engine.graphs import input_views, pack_inputs
+from bouquet.engine.pooling import pool, pool_static
+
+
+def test_token_rounding_steps_of_64_then_256() -> None:
+    assert [round_tokens(n) for n in (1, 64, 65, 1000, 1024)] == [64, 64, 128, 1024, 1024]
+    assert [round_tokens(n) for n in (1025, 1280, 1281, 8192)] == [1280, 1280, 1536, 8192]
+    with pytest.raises(ValueError):
+        round_tokens(0)
+
+
+def test_seq_slots_and_max_seqlen_rounding() -> None:
+    assert [round_seqs(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
+    assert round_max_seqlen(3, 64) == 16
+    assert round_max_seqlen(100, 1024) == 128
+    assert round_max_seqlen(512, 512) == 512
+    assert round_max_seqlen(600, 640) == 640  # capped at the token bucket
+
+
+def test_bucket_for_threshold_and_slots() -> None:
+    assert bucket_for(3, 300, 128, 8192, 512) == Bucket(4, 320, 128)
+    assert bucket_for(1, 9000, 9000, 8192, 512) is None  # above graph_max_tokens: eager
+    assert bucket_for(600, 1200, 2, 8192, 512) is None  # more slots than the largest bucket
+
+
+def test_bucket_parse_rounds_and_validates() -> None:
+    assert Bucket.parse("3:100:50") == Bucket(4, 128, 64)
+    assert str(Bucket(4, 128, 64)) == "4:128:64"
+    for bad in ("1:2", "a:b:c", "10:5:5", "1:64:65"):
+        with pytest.raises(ValueError):
+            Bucket.parse(bad)
+    b = Bucket(8, 256, 128)
+    lengths = b.example_lengths()
+    assert len(lengths) == 8 and sum(lengths) <= 256 and max(lengths) <= 128
+
+
+def test_lazy_capture_eager_then_capture_then_replay(tmp_path) -> None:
+    captured: list[Bucket] = []
+
+    def capture(b: Bucket) -> tuple[int, int]:
+        captured.append(b)
+        return (b.seqs, b.tokens)
+
+    lz: LazyCapture[tuple[int, int]] = LazyCapture(capture)
+    b1, b2 = Bucket(1, 128, 128), Bucket(4, 512, 256)
+    assert lz.lookup(b1) is None  # first sight: eager warm-up
+    assert captured == []
+    assert lz.lookup(b1) == (1, 128)  # second: captured
+    assert lz.lookup(b1) == (1, 128)  # then replayed, never recaptured
+    assert captured == [b1]
+    assert lz.ensure(b2) == (4, 512)  # start-up capture skips the eager step
+    assert lz.lookup(b2) == (4, 512)
+    assert lz.hits[b1] == 3 and lz.hits[b2] == 1
+    path = tmp_path / "hist.json"
+    lz.save_stats(path)
+    assert load_hot(path) == [b1]  # b2 had one hit: not hot
+    assert load_hot(path, min_hits=1) == [b1, b2]
+    assert load_hot(tmp_path / "missing.json") == []
+
+
+def test_packed_layout_pads_with_empty_sequences() -> None:
+    seqs = [np.array([5, 6, 7], np.int32), np.array([8], np.int32)]
+    batch = Batch.pack(seqs, [np.array([0, 0, 1], np.int32), None])
+    host = pack_inputs(batch, tokens=8, seqs=4)
+    ids, pos, tt, seg, cu = input_views(host, 8, 4)
+    assert ids.tolist() == [5, 6, 7, 8, 0, 0, 0, 0]
+    assert pos.tolist() == [0, 1, 2, 0, 0, 0, 0, 0]
+    assert tt.tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert seg.tolist() == [0, 0, 0, 1, 4, 4, 4, 4]  # padding tokens → discarded row S
+    assert cu.tolist() == [0, 3, 4, 4, 4]  # tail repeats the last offset
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "last"])
+def test_pool_static_with_padding_matches_pool(mode: str) -> None:
+    torch.manual_seed(0)
+    seqs = [np.arange(1, n + 1, dtype=np.int32) for n in (3, 1, 5)]
+    batch = Batch.pack(seqs)
+    host = pack_inputs(batch, tokens=16, seqs=4)
+    _, _, _, seg, cu = input_views(host, 16, 4)
+    hidden = torch.randn(16, 8)
+    hidden[9:] = 1e6  # padding rows must not leak into real sequences
+    got = pool_static(hidden, seg, cu, mode)[:3]
+    want = pool(hidden[:9], torch.from_numpy(batch.cu_seqlens), mode)
+    torch.testing.assert_close(got, want)
