@@ -67,7 +67,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    engine = await asyncio.to_thread(Engine, spec, str(dev), cfg.dtype, None, GraphOptions.from_config(cfg))
+    engine = await asyncio.to_thread(lambda: Engine(spec, str(dev), cfg.dtype, graphs=GraphOptions.from_config(cfg)))
     await asyncio.to_thread(engine.warmup)
     service.attach(engine, engine.info)
     log.info("server: ready (%s, %s, attention=%s)", engine.info.device, engine.info.dtype, engine.info.attention)
