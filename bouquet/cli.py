@@ -84,6 +84,7 @@ def embed(
     max_batch_seqs: int = typer.Option(512, help="Sequence slots per engine step."),
     shard_rows: int = typer.Option(10_000, help="Input rows per output shard (the unit of resumption)."),
     tokenizer_threads: int = typer.Option(2, help="Tokenizer threads running alongside the engine."),
+    threads: int = typer.Option(0, help="CPU engine: torch threads (0 = auto: half the cores; with --ray: per actor)."),
     prompt: Optional[str] = typer.Option(None, help="Text prefixed to every document (default: the model's default prompt)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what the output folder holds instead of resuming."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (rows/s, tokens/s, ETA)."),
@@ -101,7 +102,7 @@ def embed(
             input=input, output=output, model=model, text_column=text_column, id_column=id_column,
             format=format, dtype=dtype, output_dtype=output_dtype, device=device,  # type: ignore[arg-type]
             max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs, shard_rows=shard_rows,
-            tokenizer_threads=tokenizer_threads, prompt=prompt, overwrite=overwrite, progress=progress,
+            tokenizer_threads=tokenizer_threads, threads=threads, prompt=prompt, overwrite=overwrite, progress=progress,
         ).validate()
         if address is not None and not ray:
             raise ValueError("--address needs --ray")

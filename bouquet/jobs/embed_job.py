@@ -15,6 +15,7 @@ math (engine/), the Ray variant (ray_job.py).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -52,6 +53,7 @@ class EmbedJobConfig:
     shard_rows: int = 10_000  # input rows per output shard (the unit of resumption)
     chunk_rows: int = 1024  # rows per tokenizer call
     tokenizer_threads: int = 2
+    threads: int = 0  # CPU engine: torch intra-op threads (0 = auto: half the cores, at least 1)
     prompt: str | None = None  # prefixed to every text (instruction models); None = model default
     overwrite: bool = False  # start afresh even if the output folder holds another job
     progress: bool = True
@@ -61,6 +63,8 @@ class EmbedJobConfig:
             raise ValueError(f"--format must be parquet or npy, got {self.format!r}")
         if self.output_dtype not in ("float32", "float16"):
             raise ValueError(f"--output-dtype must be float32 or float16, got {self.output_dtype!r}")
+        if self.threads < 0:
+            raise ValueError(f"--threads must be ≥ 0 (0 = auto), got {self.threads}")
         for name in ("shard_rows", "chunk_rows", "tokenizer_threads", "max_batch_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -96,6 +100,14 @@ def default_budget(max_batch_tokens: int, device_type: str, max_seq_length: int)
     """The token budget per step: the server's defaults, never below one full-length sequence."""
     budget = max_batch_tokens or (16384 if device_type == "cuda" else 2048)
     return max(budget, max_seq_length)
+
+
+def cpu_threads(requested: int) -> int:
+    """Torch intra-op threads for a CPU engine that shares the machine with tokenizer threads.
+
+    OpenMP workers spin at barriers; when tokenization takes a core they stall each other, and on
+    2 cores one torch thread runs the whole job ~6x faster than two (measured on the CI shape)."""
+    return requested or max(1, (os.cpu_count() or 2) // 2)
 
 
 def job_prompt(spec: Any, prompt: str | None) -> str:
@@ -167,7 +179,9 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
 
     Raises InputError (bad input), ResumeError (output holds another job), ModelError, ValueError.
     """
-    from bouquet.engine.engine import Engine
+    import torch
+
+    from bouquet.engine.engine import Engine, resolve_device
     from bouquet.engine.pooling import finalize
     from bouquet.gateway.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
@@ -179,6 +193,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     files = discover(cfg.input)
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
     if engine is None:
+        if resolve_device(cfg.device).type == "cpu":
+            torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
         engine = Engine(spec, cfg.device, cfg.dtype)
         engine.warmup()
     prompt = job_prompt(spec, cfg.prompt)

@@ -55,7 +55,13 @@ class EmbedActor:
         from bouquet.gateway.tokenization import TextTokenizer
         from bouquet.modelspec import load_spec
 
+        import torch
+
+        from bouquet.jobs.embed_job import cpu_threads
+
         spec = load_spec(cfg.model)
+        if device == "cpu":
+            torch.set_num_threads(cpu_threads(cfg.threads))
         self.engine = Engine(spec, device, cfg.dtype)
         self.engine.warmup()
         self.spec, self.cfg = spec, cfg
