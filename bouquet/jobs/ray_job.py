@@ -128,8 +128,10 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
         t0 = time.perf_counter()
         items = [{"path": str(f.path.resolve()), "fmt": f.fmt, "start": s} for f, s in zip(files, starts)]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
+        # Other resources than the actors, so Ray does not fuse reading into them: a big file's
+        # blocks then spread over the whole actor pool instead of staying with one actor.
         ds = ds.map_batches(_read_file, batch_size=1, fn_kwargs={"text_column": cfg.text_column, "id_column": id_column},
-                            batch_format="numpy", num_cpus=0.5)  # other resources than the actors: not fused into them, so blocks spread over the pool
+                            batch_format="numpy", num_cpus=0.5)
         ds = ds.map_batches(
             EmbedActor, fn_constructor_kwargs={"cfg": cfg, "device": "cuda" if use_gpu else "cpu"},
             batch_size=max(cfg.chunk_rows, _READ_ROWS), batch_format="pyarrow", concurrency=n_workers,
