@@ -117,9 +117,11 @@ def embed(
     except (ValueError, ImportError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2 if isinstance(e, ValueError) else 1) from None
-    typer.echo(f"embedded {stats.rows} rows ({stats.tokens} tokens) in {stats.seconds:.1f}s: "
-               f"{stats.rows_per_s:,.0f} rows/s, {stats.tokens_per_s:,.0f} tokens/s; "
-               f"{stats.shards_written} shards written, {stats.shards_skipped} already done", err=True)
+    # The Ray path does not count tokens (they stay inside the actors): say so rather than print 0.
+    tokens = f"{stats.tokens} tokens" if stats.tokens else "tokens not counted"
+    tok_rate = f"{stats.tokens_per_s:,.0f} tokens/s" if stats.tokens else "tokens/s n/a"
+    typer.echo(f"embedded {stats.rows} rows ({tokens}) in {stats.seconds:.1f}s: {stats.rows_per_s:,.0f} rows/s, "
+               f"{tok_rate}; {stats.shards_written} shards written, {stats.shards_skipped} already done", err=True)
 
 
 def main() -> None:

@@ -181,7 +181,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     """
     import torch
 
-    from bouquet.engine.engine import Engine, resolve_device
+    from bouquet.engine.engine import Engine, resolve_device, resolve_dtype
     from bouquet.engine.pooling import finalize
     from bouquet.gateway.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
@@ -192,19 +192,18 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
         raise ValueError(f"{spec.model_id} is a scoring model; `bouquet embed` needs an embedding model")
     files = discover(cfg.input)
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
-    if engine is None:
-        if resolve_device(cfg.device).type == "cpu":
-            torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
-        engine = Engine(spec, cfg.device, cfg.dtype)
-        engine.warmup()
+    device = engine.device if engine is not None else resolve_device(cfg.device)
+    compute_dtype = str(engine.dtype if engine is not None else resolve_dtype(cfg.dtype, device)).removeprefix("torch.")
     prompt = job_prompt(spec, cfg.prompt)
     settings = {
         "model": str(spec.path), "text_column": cfg.text_column, "id_column": id_column, "format": cfg.format,
-        "output_dtype": cfg.output_dtype, "compute_dtype": engine.info.dtype, "shard_rows": cfg.shard_rows,
+        "output_dtype": cfg.output_dtype, "compute_dtype": compute_dtype, "shard_rows": cfg.shard_rows,
         "prompt": prompt, "normalize": spec.normalize, "dimension": spec.dimension, "input": fingerprint(files),
     }
     out_dir = Path(cfg.output)
     manifest = Manifest.open(out_dir, settings, cfg.overwrite)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest.save()  # first, so an --overwrite that is interrupted leaves no stale list of done shards
     if cfg.overwrite:
         for old in out_dir.glob("part-*"):
             old.unlink()
@@ -213,6 +212,11 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     if manifest.complete:
         log.info("embed: %s is already complete (%d shards); nothing to do", out_dir, skipped)
         return JobStats(0, 0, 0.0, 0, skipped)
+    if engine is None:  # loaded only when there is work left
+        if device.type == "cpu":
+            torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
+        engine = Engine(spec, cfg.device, cfg.dtype)
+        engine.warmup()
     budget = default_budget(cfg.max_batch_tokens, engine.device.type, spec.max_seq_length)
     tokenizer = TextTokenizer(spec)
 
