@@ -101,10 +101,11 @@ def main() -> None:
         t = time.perf_counter()
         write_synthetic(src, a.rows)
         print(f"wrote {src} ({src.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.0f}s", file=sys.stderr)
+    # Read before the run: the commit whose code the job ran.
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     res = run_job([str(src), "--output", str(work / "out"), "--model", str(model), "--device", "cpu",
                    "--shard-rows", str(a.shard_rows), "--overwrite", "--no-progress"])
     res["input_mib"] = round(src.stat().st_size / 2**20, 1)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     res["commit"] = commit
     print(json.dumps(res, indent=1))
     if a.json:

@@ -88,7 +88,7 @@ def embed(
     prompt: Optional[str] = typer.Option(None, help="Text prefixed to every document (default: the model's default prompt)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what the output folder holds instead of resuming."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (rows/s, tokens/s, ETA)."),
-    ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster through Ray Data (pip install bouquet[ray])."),
+    ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster through Ray Data (needs the ray extra: pip install bouquet\\[ray])."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (with --ray); none = start a local Ray."),
     workers: int = typer.Option(0, help="With --ray: engine actors (0 = one per GPU, or 2 on CPU)."),
     log_level: str = typer.Option("warning"),
