@@ -1,0 +1,1 @@
+"""Offline jobs: batch embedding of files (in process, or across a Ray cluster)."""

@@ -1,0 +1,151 @@
+"""Token-budget batching for offline jobs, and the pipelined engine loop that consumes it.
+
+Sequences are taken strictly in arrival order (the engine is packed, so length-sorting buys no
+padding; order keeps output shards trivially in order). A batch holds at most ``max_tokens`` tokens
+and ``max_seqs`` sequences and may span several groups; each group ("owner") receives its rows
+back in order through ``Segment``s.
+
+What this module does not own: reading, tokenization, output files.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from bouquet.engine.batch import Batch
+
+
+@dataclass
+class Group:
+    """Tokenized sequences of one owner (e.g. a chunk of input rows) and where its results go.
+
+    seqs     n int32 token arrays
+    cum      [n+1] int64 cumulative token counts
+    vectors  [n, D] float32, filled as batches complete
+    """
+
+    seqs: list[np.ndarray]
+    owner: Any
+    dim: int
+    cum: np.ndarray = field(init=False)
+    vectors: np.ndarray = field(init=False)
+    next: int = 0  # first row not yet batched
+    filled: int = 0  # rows whose vectors arrived
+
+    def __post_init__(self) -> None:
+        self.cum = np.zeros(len(self.seqs) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in self.seqs], out=self.cum[1:])
+        self.vectors = np.empty((len(self.seqs), self.dim), dtype=np.float32)
+
+    @property
+    def rows(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.cum[-1])
+
+
+@dataclass(frozen=True)
+class Segment:
+    group: Group
+    lo: int
+    hi: int  # rows [lo, hi) of the group
+
+
+class Packer:
+    """FIFO of groups → packed batches under a token and sequence budget.
+
+    Raises ValueError when max_tokens or max_seqs < 1. A sequence longer than ``max_tokens`` gets
+    a batch of its own (never dropped).
+    """
+
+    def __init__(self, max_tokens: int, max_seqs: int) -> None:
+        if max_tokens < 1 or max_seqs < 1:
+            raise ValueError(f"max_tokens and max_seqs must be ≥ 1, got {max_tokens} and {max_seqs}")
+        self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        self._queue: deque[Group] = deque()  # groups with rows not yet batched
+        self.pending_tokens = 0
+
+    def add(self, group: Group) -> None:
+        if group.rows:
+            self._queue.append(group)
+            self.pending_tokens += group.tokens
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def take(self) -> tuple[Batch, list[Segment]]:
+        """The next batch and which rows of which groups it holds. Raises IndexError when empty."""
+        if not self._queue:
+            raise IndexError("no pending sequences")
+        tokens = seqs = 0
+        segs: list[Segment] = []
+        parts: list[np.ndarray] = []
+        while self._queue:
+            g = self._queue[0]
+            base = g.cum[g.next]
+            room_tokens = self.max_tokens - tokens
+            hi = int(np.searchsorted(g.cum, base + room_tokens, side="right")) - 1
+            hi = min(hi, g.next + self.max_seqs - seqs, g.rows)
+            if hi <= g.next:
+                if segs:
+                    break
+                hi = g.next + 1  # an over-budget sequence alone
+            segs.append(Segment(g, g.next, hi))
+            parts.extend(g.seqs[g.next:hi])
+            used = int(g.cum[hi] - base)
+            tokens += used
+            seqs += hi - g.next
+            self.pending_tokens -= used
+            g.next = hi
+            if g.next == g.rows:
+                self._queue.popleft()
+            if tokens >= self.max_tokens or seqs >= self.max_seqs:
+                break
+        return Batch.pack(parts), segs
+
+
+def scatter(rows: np.ndarray, segs: list[Segment]) -> None:
+    """Copy a batch's output rows [B, D] back into the groups it came from, in order."""
+    off = 0
+    for s in segs:
+        n = s.hi - s.lo
+        s.group.vectors[s.lo:s.hi] = rows[off:off + n]
+        s.group.filled += n
+        off += n
+
+
+def run_pipelined(
+    engine: Any, batches: Iterable[tuple[Batch, list[Segment]]], post: Callable[[np.ndarray], np.ndarray],
+    depth: int = 1,
+) -> Iterator[tuple[int, int]]:
+    """Step every batch through ``engine`` keeping up to ``depth`` batches in flight besides the
+    newest (on CUDA ``step`` is asynchronous: batch N+1 is launched before batch N is awaited).
+
+    ``post`` maps [B, D] float32 → [B, D'] (normalization). Yields (rows, tokens) per completed
+    batch, after its rows were scattered into their groups.
+    """
+    inflight: deque[tuple[Any, list[Segment], int]] = deque()
+
+    def complete() -> tuple[int, int]:
+        handle, segs, tokens = inflight.popleft()
+        out = post(handle.wait())
+        scatter(out, segs)
+        return out.shape[0], tokens
+
+    for batch, segs in batches:
+        inflight.append((engine.step(batch), segs, batch.num_tokens))
+        while len(inflight) > depth:
+            yield complete()
+    while inflight:
+        yield complete()
+
+
+def drain(packer: Packer) -> Iterator[tuple[Batch, list[Segment]]]:
+    """Every pending batch of ``packer``."""
+    while packer:
+        yield packer.take()

@@ -1,0 +1,183 @@
+"""`bouquet embed` end to end, on CPU, with real processes.
+
+All unique STSb sentences (dev + test) go through the real command; the vectors must equal what a
+real `bouquet serve` returns on /v1/embeddings, survive a SIGKILL mid-run and a re-run without
+duplicates, and come out the same from the Ray Data path. A 20,000-row synthetic input checks that
+memory stays under a fixed bound.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bouquet.jobs.writer import MANIFEST, read_output
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"  # next to the checkout (CI: a sibling of the clone)
+STSB = SHARED / "data" / "stsbenchmark"
+sys.path.insert(0, str(REPO))  # for bench/ helpers
+
+from bench.embed_stream import run_job, write_synthetic  # noqa: E402
+from bench.tiny_bert import build_random_bert  # noqa: E402
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def embed_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bouquet", "embed", *args, "--no-progress"]
+
+
+def run_embed(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(embed_cmd(*args), env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def stsb_sentences() -> list[str]:
+    """Unique sentences of STSb dev + test in first-seen order (tab-separated, no quoting; the
+    two sentences are columns 5 and 6; some rows carry extra columns)."""
+    seen: dict[str, None] = {}
+    for split in ("dev", "test"):
+        with open(STSB / f"sts-{split}.csv", encoding="utf-8", newline="") as f:
+            for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+                seen.update(dict.fromkeys(row[5:7]))
+    return list(seen)
+
+
+@pytest.fixture(scope="module")
+def stsb_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("stsb") / "stsb.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i, s in enumerate(stsb_sentences()):
+            f.write(json.dumps({"id": f"sts-{i}", "text": s}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stsb_output(stsb_input: Path, tmp_path_factory: pytest.TempPathFactory) -> pa.Table:
+    out = tmp_path_factory.mktemp("stsb-out") / "vectors"
+    run_embed(str(stsb_input), "--output", str(out), "--device", "cpu", "--shard-rows", "1000")
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["complete"] and manifest["rows"] == len(stsb_sentences())
+    return read_output(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def vectors_of(table: pa.Table) -> np.ndarray:
+    col = table.column("vector").combine_chunks()
+    return col.flatten().to_numpy(zero_copy_only=False).reshape(len(table), col.type.list_size)
+
+
+def test_stsb_vectors_equal_the_servers(stsb_output: pa.Table) -> None:
+    sentences = stsb_sentences()
+    assert stsb_output.column("id").to_pylist() == [f"sts-{i}" for i in range(len(sentences))]
+    assert stsb_output.schema.field("vector").type == pa.list_(pa.float32(), 384)
+    job = vectors_of(stsb_output)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "bouquet", "serve", "--port", str(port), "--device", "cpu",
+                               "--log-level", "warning"], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()[-3000:] if server.stderr else "server died"
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy in 120 s"
+            time.sleep(0.5)
+        served = []
+        for lo in range(0, len(sentences), 1024):
+            r = httpx.post(f"{base}/v1/embeddings", json={"input": sentences[lo:lo + 1024]}, timeout=300)
+            assert r.status_code == 200, r.text
+            served.extend(d["embedding"] for d in r.json()["data"])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    cos = cosines(job, np.asarray(served, dtype=np.float32))
+    assert cos.min() >= 0.99999, f"worst cosine {cos.min():.7f} at row {int(cos.argmin())}"
+
+
+def test_sigkill_mid_run_then_resume_gives_the_same_rows(stsb_input: Path, stsb_output: pa.Table, tmp_path: Path) -> None:
+    out = tmp_path / "resumed"
+    args = (str(stsb_input), "--output", str(out), "--device", "cpu", "--shard-rows", "500")
+    proc = subprocess.Popen(embed_cmd(*args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    manifest = out / MANIFEST
+    deadline = time.monotonic() + 240
+    while not (manifest.exists() and json.loads(manifest.read_text())["done"]):
+        assert proc.poll() is None, f"job ended before the kill: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+        assert time.monotonic() < deadline, "no shard finished in 240 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = json.loads(manifest.read_text())
+    assert not before["complete"] and 0 < len(before["done"]) < 11, before
+    rerun = run_embed(*args)
+    skipped = int(rerun.stderr.strip().splitlines()[-1].split(", ")[-1].split()[0])
+    assert skipped >= len(before["done"]), rerun.stderr[-500:]
+    assert not list(out.glob(".*.tmp"))
+    final = read_output(out)
+    ids = final.column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == len(stsb_output)
+    assert ids == stsb_output.column("id").to_pylist()
+    np.testing.assert_allclose(vectors_of(final), vectors_of(stsb_output), atol=2e-6)
+    # A finished job is not redone; a changed setting is refused rather than mixed in.
+    assert "0 shards written" in run_embed(*args).stderr
+    bad = subprocess.run(embed_cmd(*args[:-1], "700"), env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "shard_rows" in bad.stderr
+
+
+def test_ray_path_gives_the_same_output(stsb_input: Path, stsb_output: pa.Table, tmp_path: Path) -> None:
+    out = tmp_path / "ray"
+    run_embed(str(stsb_input), "--output", str(out), "--device", "cpu", "--ray", "--workers", "2", timeout=400)
+    table = pq.read_table(out)
+    assert table.schema.field("vector").type == pa.list_(pa.float32(), 384)
+    ref_order = np.argsort(np.asarray(stsb_output.column("id").to_pylist()))
+    order = np.argsort(np.asarray(table.column("id").to_pylist()))
+    assert table.column("id").to_pylist() and len(table) == len(stsb_output)
+    assert np.asarray(table.column("id").to_pylist())[order].tolist() == \
+        np.asarray(stsb_output.column("id").to_pylist())[ref_order].tolist()
+    cos = cosines(vectors_of(table)[order], vectors_of(stsb_output)[ref_order])
+    assert cos.min() >= 0.99999
+
+
+def test_streaming_20k_rows_stays_under_a_fixed_memory_bound(tmp_path: Path) -> None:
+    model = build_random_bert(tmp_path / "tiny", "tiny")
+    src = write_synthetic(tmp_path / "docs.jsonl", 20_000)
+    res = run_job([str(src), "--output", str(tmp_path / "out"), "--model", str(model), "--device", "cpu",
+                   "--shard-rows", "2000", "--no-progress"])
+    assert res["rows"] == 20_000
+    out = read_output(tmp_path / "out")
+    assert out.column("id").to_pylist() == [f"doc-{i}" for i in range(20_000)]
+    # Model + torch + tokenizer ≈ 450 MiB on CPU; the bound leaves room for allocator noise but not
+    # for holding the input, its tokens or its vectors.
+    assert res["peak_rss_mb"] < 800, res
