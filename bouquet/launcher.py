@@ -1,6 +1,6 @@
 """`bouquet serve`: start the server replica processes, then the gateway, and stop them together.
 
-The gateway runs in this process (uvicorn, which handles SIGINT/SIGTERM); replicas are child
+The gateway runs in this process (uvicorn; SIGINT/SIGTERM start a drain, gateway/drain.py); replicas are child
 processes (``python -m bouquet.server``) that also die with this process (PR_SET_PDEATHSIG).
 When every replica has exited on its own, the gateway stops too and the command fails.
 """
@@ -82,6 +82,7 @@ def serve(cfg: ServeConfig) -> int:
     import uvicorn
 
     from bouquet.gateway.app import create_app
+    from bouquet.gateway.drain import DrainingServer, DrainMiddleware, DrainState
     from bouquet.modelspec import load_spec
 
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
@@ -99,8 +100,9 @@ def serve(cfg: ServeConfig) -> int:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, loop=loop, log_level=cfg.log_level,
-                                           access_log=False, timeout_graceful_shutdown=30))
+    drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
+    server = DrainingServer(uvicorn.Config(DrainMiddleware(app, drain), host=cfg.host, port=cfg.port, loop=loop,
+                                           log_level=cfg.log_level, access_log=False, timeout_graceful_shutdown=5), drain)
     failed = threading.Event()
 
     def watch() -> None:

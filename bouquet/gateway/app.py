@@ -151,7 +151,8 @@ async def embeddings_route(request: Request) -> Response:
     body = await read_json(request, gw.cfg.max_request_bytes)
     gw.check_model(body.get("model"))
     inputs = parse_inputs(body.get("input"), "input", gw.cfg.max_inputs)
-    fmt = opt_str(body, "encoding_format") or "float"
+    fmt = opt_str(body, "encoding_format")
+    fmt = "float" if fmt is None else fmt  # "" is an unknown format, not the default
     if fmt not in ("float", "base64"):
         raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format", "invalid_value")
     dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)

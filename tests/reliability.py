@@ -1,0 +1,83 @@
+"""Helpers for the reliability tests (issue 8): error-shape checks, feature detection, RSS reads.
+
+Feature detection looks at the *code in this tree*, never at the running server's answers, so a
+route that breaks after a merge fails its test instead of silently skipping it.
+"""
+from __future__ import annotations
+
+import base64
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+HAS_API = has_module("bouquet.gateway.routes_tei")  # api branch: TEI routes, /v1/rerank, --api-key, /metrics
+HAS_AUTH = has_module("bouquet.gateway.auth")
+HAS_CANCEL_METRIC = has_module("bouquet.gateway.disconnect")  # scale branch: cancelled_sequences in /health
+HAS_TINY_MODELS = (REPO / "tests" / "fixtures" / "tiny_models.py").exists()  # engine branch
+
+needs_api = pytest.mark.skipif(not HAS_API, reason="TEI / rerank routes come with the api branch")
+needs_auth = pytest.mark.skipif(not HAS_AUTH, reason="--api-key comes with the api branch")
+needs_cancel_metric = pytest.mark.skipif(not HAS_CANCEL_METRIC, reason="cancelled_sequences comes with the scale branch")
+needs_tiny_models = pytest.mark.skipif(not HAS_TINY_MODELS, reason="tests/fixtures/tiny_models.py comes with the engine branch")
+
+
+def openai_error(r: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """Assert ``r`` is an OpenAI-shaped error with this status (and param / code when given)."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert isinstance(err["message"], str) and err["message"], err
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+def tei_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    """Assert ``r`` is a TEI-shaped error (``{"error", "error_type"}``) with this status."""
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error", "error_type"} and body["error"], body
+    return body
+
+
+def any_error_shape(path: str, body: Any) -> None:
+    """An error body in the documented shape of the route family of ``path``: OpenAI on /v1/*,
+    TEI elsewhere."""
+    if path.startswith("/v1/"):
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    else:
+        assert set(body) == {"error", "error_type"} and body["error"], body
+
+
+def decode_b64(s: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype="<f4")
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process in kB (``VmRSS`` of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def child_pids(pid: int) -> list[int]:
+    p = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in p.read_text().split()] if p.exists() else []

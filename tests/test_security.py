@@ -1,0 +1,160 @@
+"""Issue 8, kind 11 and security: payload limits, request limits, model names, API key, weights.
+
+One module-scoped server runs with a raised body limit, a low input limit and an API key, so the
+configured limits (not only the defaults) are what is tested.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from helpers import BouquetProcess, free_port
+from reliability import HAS_API, needs_auth, openai_error
+
+KEY = "s3cret-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+RAISED = 8 * 1024 * 1024
+DEFAULT = 2 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def strict_server() -> Iterator[BouquetProcess]:
+    srv = BouquetProcess("--max-request-bytes", str(RAISED), "--max-inputs", "64", "--api-key", KEY)
+    yield srv
+    srv.stop()
+
+
+def post(srv: BouquetProcess, path: str, headers: dict[str, str] | None = None, **kw: object) -> httpx.Response:
+    return httpx.post(srv.url + path, headers=headers if headers is not None else AUTH, timeout=120, **kw)  # type: ignore[arg-type]
+
+
+# ---- 11. payload limit ------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [DEFAULT + 1, 3 * 1024 * 1024])
+def test_body_over_default_limit_413(minilm_server, size):
+    body = b'{"input": "x", "user": "' + b"u" * size + b'"}'
+    openai_error(httpx.post(minilm_server.url + "/v1/embeddings", content=body,
+                            headers={"content-type": "application/json"}, timeout=60), 413, code="payload_too_large")
+    assert minilm_server.embed("after 413").status_code == 200
+
+
+def test_body_over_limit_chunked_without_content_length_413(minilm_server):
+    def gen() -> Iterator[bytes]:
+        yield b'{"input": "x", "user": "'
+        for _ in range(40):
+            yield b"u" * 65536
+        yield b'"}'
+
+    r = httpx.post(minilm_server.url + "/v1/embeddings", content=gen(), headers={"content-type": "application/json"}, timeout=60)
+    openai_error(r, 413, code="payload_too_large")
+
+
+def test_raised_limit_serves_body_under_it(strict_server):
+    body = b'{"input": "served", "user": "' + b"u" * (3 * 1024 * 1024) + b'"}'  # over the default, under the raised
+    r = post(strict_server, "/v1/embeddings", {**AUTH, "content-type": "application/json"}, content=body)
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.json()["data"]) == 1
+    over = b'{"input": "x", "user": "' + b"u" * RAISED + b'"}'
+    openai_error(post(strict_server, "/v1/embeddings", {**AUTH, "content-type": "application/json"}, content=over), 413)
+
+
+# ---- limits on inputs and tokens per request -----------------------------------------------------
+def test_input_count_limit(strict_server):
+    assert post(strict_server, "/v1/embeddings", json={"input": ["a"] * 64}).status_code == 200
+    err = openai_error(post(strict_server, "/v1/embeddings", json={"input": ["a"] * 65}), 413, "input", "too_many_inputs")
+    assert "64" in err["message"]
+    openai_error(post(strict_server, "/v1/embeddings", json={"input": [[101, 102]] * 65}), 413, "input")
+
+
+def test_tokens_per_request_bounded(strict_server):
+    """Tokens per request ≤ max_inputs × max_seq_length: long inputs are cut, never passed whole."""
+    r = post(strict_server, "/v1/embeddings", json={"input": ["word " * 2000] * 64})
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == 64 * 256
+
+
+# ---- a request can only name the served model ----------------------------------------------------
+@pytest.mark.parametrize("model", ["/etc/passwd", "../../etc/passwd", "sentence-transformers/all-MiniLM-L6-v2/../../x",
+                                   "file:///etc/passwd", "all-MiniLM-L6-v2\x00", "bert-base-uncased"])
+def test_model_name_cannot_be_a_path(strict_server, model):
+    err = openai_error(post(strict_server, "/v1/embeddings", json={"input": "x", "model": model}), 404, "model", "model_not_found")
+    assert "passwd" not in err["message"] or "does not exist" in err["message"]
+    if HAS_API:
+        r = post(strict_server, "/v1/rerank", json={"query": "q", "documents": ["d"], "model": model})
+        assert r.status_code in (400, 404), r.text  # 400 when this model cannot rerank at all
+
+
+def test_model_directory_path_is_not_a_name(strict_server):
+    from bouquet.modelspec import resolve_model_path
+
+    path = str(resolve_model_path(None))
+    openai_error(post(strict_server, "/v1/embeddings", json={"input": "x", "model": path}), 404, "model")
+
+
+# ---- API key on every route but /health --------------------------------------------------------
+@needs_auth
+def test_api_key_every_route_but_health(strict_server):
+    assert httpx.get(strict_server.url + "/health").status_code == 200
+    schema = httpx.get(strict_server.url + "/openapi.json", headers=AUTH).json()
+    routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops if p != "/health"]
+    assert ("POST", "/v1/embeddings") in routes and len(routes) >= 5, routes
+    for method, path in routes + [("GET", "/openapi.json"), ("GET", "/metrics")]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
+            r = httpx.request(method, strict_server.url + path, headers=headers, json={}, timeout=30)
+            assert r.status_code == 401, (method, path, headers, r.status_code)
+            assert r.headers.get("www-authenticate", "").startswith("Bearer")
+        r = httpx.request(method, strict_server.url + path, headers=AUTH, json={}, timeout=30)
+        assert r.status_code != 401, (method, path)
+
+
+# ---- weights only from safetensors -------------------------------------------------------------
+class _Boom:
+    """Unpickling this runs a command: what loading an untrusted pytorch_model.bin can do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def pickle_only_model(tmp_path_factory) -> tuple[Path, Path]:
+    from bouquet.modelspec import resolve_model_path
+
+    src = resolve_model_path(None)
+    dst = tmp_path_factory.mktemp("pickle-model")
+    for f in src.rglob("*"):
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, dst / f.relative_to(src))
+    marker = dst / "PWNED"
+    with open(dst / "pytorch_model.bin", "wb") as fh:
+        pickle.dump({"weights": _Boom(marker)}, fh)
+    return dst, marker
+
+
+def test_pickle_weights_refused_by_loader(pickle_only_model):
+    from bouquet.engine.weights import WeightError, load_safetensors
+
+    path, marker = pickle_only_model
+    with pytest.raises(WeightError, match="safetensors"):
+        load_safetensors(path)
+    assert not marker.exists()
+
+
+def test_pickle_only_model_dir_refused_by_serve(pickle_only_model):
+    path, marker = pickle_only_model
+    cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(path), "--device", "cpu", "--port", str(free_port())]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-2000:]
+    assert "safetensors" in out, out[-2000:]
+    assert not marker.exists(), "the pickle was executed"

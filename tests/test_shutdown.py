@@ -1,0 +1,79 @@
+"""Client disconnects and graceful shutdown (drain) of the real `bouquet serve`."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from helpers import BouquetProcess
+from reliability import HAS_CANCEL_METRIC, child_pids, openai_error, tei_error
+
+# ~16k tokens: seconds of CPU work, long enough to be in flight when the test acts on it
+BIG = ["a fairly long sentence about rivers, mountains and the cities between them " * 20] * 64
+
+
+def cancelled(srv: BouquetProcess) -> int:
+    return sum(r.get("cancelled_sequences") or 0 for r in httpx.get(srv.url + "/health", timeout=10).json()["replicas"])
+
+
+def test_client_disconnect_server_keeps_serving(minilm_server):
+    before = cancelled(minilm_server) if HAS_CANCEL_METRIC else 0
+    for _ in range(3):
+        with pytest.raises(httpx.TimeoutException):  # the client gives up and closes its connection
+            httpx.post(minilm_server.url + "/v1/embeddings", json={"input": BIG}, timeout=httpx.Timeout(60, read=0.3))
+    t0 = time.monotonic()
+    assert minilm_server.embed(["still serving"]).status_code == 200
+    assert httpx.get(minilm_server.url + "/health", timeout=10).status_code == 200
+    if HAS_CANCEL_METRIC:  # the abandoned requests' queued sequences were dropped, not computed
+        deadline = time.monotonic() + 30
+        while cancelled(minilm_server) <= before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cancelled(minilm_server) > before
+        # and the small request did not wait behind 3 × 16k abandoned tokens (minutes on a busy CPU)
+        assert time.monotonic() - t0 < 60
+
+
+def test_sigterm_drains_then_exits():
+    srv = BouquetProcess()
+    try:
+        replicas = child_pids(srv.proc.pid)
+        result: dict[str, httpx.Response] = {}
+        inflight = threading.Thread(target=lambda: result.setdefault("r", srv.embed(BIG)))
+        inflight.start()
+        time.sleep(0.5)  # the big request is now running on the replica
+        t_term = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        # new requests: 503 in the API's error shape with Retry-After; /health says 503 too
+        err = openai_error(httpx.post(srv.url + "/v1/embeddings", json={"input": "new"}, timeout=10), 503, code="shutting_down")
+        assert "shutting down" in err["message"]
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": "new"}, timeout=10)
+        assert int(r.headers["retry-after"]) >= 1
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 503
+        tei_error(httpx.post(srv.url + "/embed", json={"inputs": "x"}, timeout=10), 503)
+        # the request that was in flight finishes normally
+        inflight.join(60)
+        assert result["r"].status_code == 200, result["r"].text[:300]
+        assert len(result["r"].json()["data"]) == len(BIG)
+        # then the process exits on its own, cleanly, and takes its replicas with it
+        assert srv.proc.wait(45) == 0
+        assert time.monotonic() - t_term < 45
+        assert "draining: 1 request(s) in flight" in srv.log()
+        for pid in replicas:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not _gone(pid):
+                time.sleep(0.1)
+            assert _gone(pid), f"replica {pid} outlived the launcher"
+    finally:
+        srv.stop()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
