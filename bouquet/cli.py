@@ -121,6 +121,7 @@ def bench(
         raise typer.Exit(1)
 
 
+@app.command()
 def embed(
     input: str = typer.Argument(..., help="A JSONL, CSV/TSV, Parquet or text file (one document per line), or a folder of them."),
     output: str = typer.Option(..., "--output", "-o", help="Output folder: part-NNNNN shards and _manifest.json."),
