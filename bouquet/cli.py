@@ -34,10 +34,12 @@ def serve(
     max_batch_tokens: int = typer.Option(0, help="Token budget per engine step (0 = auto: 16384 GPU, 2048 CPU)."),
     max_batch_seqs: int = typer.Option(512, help="Sequence slots per engine step."),
     max_queue_tokens: int = typer.Option(4_000_000, help="Pending tokens per replica before requests get 429."),
+    interactive_max_tokens: int = typer.Option(2048, help="Requests without 'priority' of at most this many tokens are interactive, larger ones batch."),
     replicas: int = typer.Option(1, help="Server processes to start (CPU)."),
     gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU."),
     server: list[str] = typer.Option([], help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
     chunk_tokens: int = typer.Option(8192, help="Split large requests into chunks of about this many tokens."),
+    gateway_workers: int = typer.Option(1, help="Gateway worker processes (tokenization is CPU-bound); all share the replicas."),
     max_request_bytes: int = typer.Option(2 * 1024 * 1024, help="Largest accepted request body (bytes)."),
     max_inputs: int = typer.Option(4096, help="Most inputs per request."),
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
@@ -50,8 +52,9 @@ def serve(
         cfg = ServeConfig(
             model=model, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
             device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,  # type: ignore[arg-type]
-            max_queue_tokens=max_queue_tokens, replicas=replicas,
+            max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens, replicas=replicas,
             gpus=tuple(int(g) for g in gpus.split(",") if g.strip()), servers=tuple(server), chunk_tokens=chunk_tokens,
+            gateway_workers=gateway_workers,
             max_request_bytes=max_request_bytes, max_inputs=max_inputs, api_key=api_key, truncate=not no_truncate,
             enforce_eager=enforce_eager, log_level=log_level,
         ).validate()
@@ -67,6 +70,39 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     raise typer.Exit(code)
+
+
+@app.command("server")
+def server_cmd(
+    host: str = typer.Option("0.0.0.0", help="gRPC bind address."),
+    port: int = typer.Option(50051, help="gRPC port."),
+    model: Optional[str] = typer.Option(_env("MODEL"), help="Model directory or Hugging Face id (default: the embedded all-MiniLM-L6-v2)."),
+    served_model_name: list[str] = typer.Option([], help="Public model name(s); must match the gateway's."),
+    device: str = typer.Option(_env("DEVICE", "auto"), help="auto | cpu | cuda | cuda:N"),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16"),
+    max_batch_tokens: int = typer.Option(0, help="Token budget per engine step (0 = auto: 16384 GPU, 2048 CPU)."),
+    max_batch_seqs: int = typer.Option(512, help="Sequence slots per engine step."),
+    max_queue_tokens: int = typer.Option(4_000_000, help="Pending tokens before Embed calls are refused (gateway: 429)."),
+    interactive_max_tokens: int = typer.Option(2048, help="Calls without a priority of at most this many tokens are interactive."),
+    enforce_eager: bool = typer.Option(False, help="Disable CUDA graphs."),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Run ONE server replica (gRPC) on HOST:PORT for gateways elsewhere (`bouquet serve --server HOST:PORT`)."""
+    try:
+        base = device.split(":")[0]
+        cfg = ServeConfig(
+            model=model, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
+            device=base, dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,  # type: ignore[arg-type]
+            max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens,
+            enforce_eager=enforce_eager, log_level=log_level,
+        ).validate()
+    except (ConfigError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bouquet.launcher import serve_replica
+
+    raise typer.Exit(serve_replica(cfg, device))
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from bouquet.config import ServeConfig
+from bouquet.gateway.disconnect import CancelOnDisconnect
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.replicas import ReplicaPool
@@ -180,7 +181,8 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
     """Build the gateway app. The replica pool connects on start-up (ASGI lifespan)."""
     public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
     names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
-    gw = Gateway(cfg, spec, ReplicaPool(server_addresses, cfg.chunk_tokens), TextTokenizer(spec), public_id, names)
+    pool = ReplicaPool(server_addresses, cfg.chunk_tokens, cfg.interactive_max_tokens)
+    gw = Gateway(cfg, spec, pool, TextTokenizer(spec), public_id, names)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -192,6 +194,7 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
     app = FastAPI(title="bouquet", version="0.1.0", lifespan=lifespan,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
     app.state.gateway = gw
+    app.add_middleware(CancelOnDisconnect)  # an abandoned request's queued work is dropped
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:

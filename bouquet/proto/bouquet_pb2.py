@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rbouquet.proto\x12\nbouquet.v1\"4\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc0\x01\n\x0c\x45mbedRequest\x12\x11\n\tinput_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12&\n\x08priority\x18\x04 \x01(\x0e\x32\x14.bouquet.v1.Priority\x12\x16\n\tnormalize\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ndimensions\x18\x06 \x01(\x05\x12\x12\n\nrequest_id\x18\x07 \x01(\tB\x0c\n\n_normalize\"D\n\nEmbedReply\x12\"\n\x06output\x18\x01 \x01(\x0b\x32\x12.bouquet.v1.Tensor\x12\x12\n\nnum_tokens\x18\x02 \x01(\x03\"\r\n\x0bInfoRequest\"\xdf\x01\n\tInfoReply\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\tdimension\x18\x04 \x01(\x05\x12\x16\n\x0emax_seq_length\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x11\n\tattention\x18\t \x01(\t\x12\x16\n\x0epending_tokens\x18\n \x01(\x03\x12\x18\n\x10max_batch_tokens\x18\x0b \x01(\x03*K\n\x08Priority\x12\x11\n\rPRIORITY_AUTO\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n\x0ePRIORITY_BATCH\x10\x02\x32~\n\tInference\x12\x39\n\x05\x45mbed\x12\x18.bouquet.v1.EmbedRequest\x1a\x16.bouquet.v1.EmbedReply\x12\x36\n\x04Info\x12\x17.bouquet.v1.InfoRequest\x1a\x15.bouquet.v1.InfoReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rbouquet.proto\x12\nbouquet.v1\"4\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc0\x01\n\x0c\x45mbedRequest\x12\x11\n\tinput_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12&\n\x08priority\x18\x04 \x01(\x0e\x32\x14.bouquet.v1.Priority\x12\x16\n\tnormalize\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ndimensions\x18\x06 \x01(\x05\x12\x12\n\nrequest_id\x18\x07 \x01(\tB\x0c\n\n_normalize\"D\n\nEmbedReply\x12\"\n\x06output\x18\x01 \x01(\x0b\x32\x12.bouquet.v1.Tensor\x12\x12\n\nnum_tokens\x18\x02 \x01(\x03\"\r\n\x0bInfoRequest\"\xa5\x02\n\tInfoReply\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\tdimension\x18\x04 \x01(\x05\x12\x16\n\x0emax_seq_length\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x11\n\tattention\x18\t \x01(\t\x12\x16\n\x0epending_tokens\x18\n \x01(\x03\x12\x18\n\x10max_batch_tokens\x18\x0b \x01(\x03\x12\x0b\n\x03pid\x18\x14 \x01(\x03\x12\x1b\n\x13\x63\x61ncelled_sequences\x18\x15 \x01(\x03\x12\x1a\n\x12\x63ompleted_requests\x18\x16 \x01(\x03*K\n\x08Priority\x12\x11\n\rPRIORITY_AUTO\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n\x0ePRIORITY_BATCH\x10\x02\x32~\n\tInference\x12\x39\n\x05\x45mbed\x12\x18.bouquet.v1.EmbedRequest\x1a\x16.bouquet.v1.EmbedReply\x12\x36\n\x04Info\x12\x17.bouquet.v1.InfoRequest\x1a\x15.bouquet.v1.InfoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bouquet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRIORITY']._serialized_start=589
-  _globals['_PRIORITY']._serialized_end=664
+  _globals['_PRIORITY']._serialized_start=659
+  _globals['_PRIORITY']._serialized_end=734
   _globals['_TENSOR']._serialized_start=29
   _globals['_TENSOR']._serialized_end=81
   _globals['_EMBEDREQUEST']._serialized_start=84
@@ -42,7 +42,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=348
   _globals['_INFOREQUEST']._serialized_end=361
   _globals['_INFOREPLY']._serialized_start=364
-  _globals['_INFOREPLY']._serialized_end=587
-  _globals['_INFERENCE']._serialized_start=666
-  _globals['_INFERENCE']._serialized_end=792
+  _globals['_INFOREPLY']._serialized_end=657
+  _globals['_INFERENCE']._serialized_start=736
+  _globals['_INFERENCE']._serialized_end=862
 # @@protoc_insertion_point(module_scope)

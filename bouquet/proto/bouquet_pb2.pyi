@@ -57,7 +57,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens")
+    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens", "pid", "cancelled_sequences", "completed_requests")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,9 @@ class InfoReply(_message.Message):
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     PENDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     architecture: str
     task: str
@@ -80,4 +83,7 @@ class InfoReply(_message.Message):
     attention: str
     pending_tokens: int
     max_batch_tokens: int
-    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ...) -> None: ...
+    pid: int
+    cancelled_sequences: int
+    completed_requests: int
+    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., pid: _Optional[int] = ..., cancelled_sequences: _Optional[int] = ..., completed_requests: _Optional[int] = ...) -> None: ...

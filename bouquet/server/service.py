@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -84,6 +85,7 @@ class InferenceService:
         self._step_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-step")
         self._wait_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-wait")
         self._inflight_requests = 0
+        self.completed_requests = 0
 
     def attach(self, engine: StepEngine, info: Any = None) -> None:
         self.engine, self.engine_info = engine, info
@@ -98,6 +100,8 @@ class InferenceService:
             max_seq_length=s.max_seq_length, device=getattr(e, "device", ""), dtype=getattr(e, "dtype", ""),
             ready=self.ready and not self.draining, attention=getattr(e, "attention", ""),
             pending_tokens=self.scheduler.pending_tokens, max_batch_tokens=self.scheduler.max_batch_tokens,
+            pid=os.getpid(), cancelled_sequences=self.scheduler.stats.cancelled_seqs,
+            completed_requests=self.completed_requests,
         )
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedReply:
@@ -145,6 +149,7 @@ class InferenceService:
             normalize = request.normalize if request.HasField("normalize") else self.spec.normalize
             rows = finalize(rows, normalize, dims)
         out = np.ascontiguousarray(rows, dtype="<f4")
+        self.completed_requests += 1
         return pb.EmbedReply(output=pb.Tensor(data=out.tobytes(), dtype="float32", shape=list(out.shape)),
                              num_tokens=n_tokens)
 
