@@ -10,10 +10,12 @@ import os
 import signal
 import time
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 
+from bouquet.proto.rpc import HEALTH_SERVING
 from helpers import BouquetProcess, cosine_rows, read_sts
 
 REQUEST_TIMEOUT_S = 60.0
@@ -39,6 +41,11 @@ def reference(st_minilm, texts):
 
 def health(srv: BouquetProcess) -> dict:
     return httpx.get(srv.url + "/health", timeout=10).json()
+
+
+def grpc_health(address: str) -> bytes:
+    with grpc.insecure_channel(address) as ch:
+        return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
 
 
 def gateway_children(pid: int) -> list[str]:
@@ -134,6 +141,7 @@ def test_kill_9_one_replica_under_200_concurrent_requests(three_replicas, texts,
     replicas = health(three_replicas)["replicas"]
     victim = replicas[0]
     assert all(r["pid"] for r in replicas) and len({r["pid"] for r in replicas}) == 3
+    assert grpc_health(victim["address"]) == HEALTH_SERVING  # what a Kubernetes grpc probe asks
     t0 = time.monotonic()
     results, done_before, killed_at = asyncio.run(_load_with_kill(three_replicas, texts, victim["pid"]))
     statuses = [s for _, s, _, _ in results]

@@ -65,3 +65,21 @@ class InferenceStub:
             setattr(self, name, channel.unary_unary(
                 f"/{SERVICE}/{name}", request_serializer=req.SerializeToString, response_deserializer=rep.FromString
             ))
+
+
+# The standard gRPC health service (grpc.health.v1.Health/Check), so that Kubernetes' native
+# `grpc:` readiness probe works without extra packages. Its two messages are tiny and fixed:
+# HealthCheckResponse{status = SERVING (1) | NOT_SERVING (2)} is field 1, varint.
+HEALTH_SERVICE = "grpc.health.v1.Health"
+HEALTH_SERVING, HEALTH_NOT_SERVING = b"\x08\x01", b"\x08\x02"
+
+
+def add_health(server: grpc.aio.Server, is_ready: Callable[[], bool]) -> None:
+    """Answer ``Check`` with SERVING while ``is_ready()`` (raw bytes in and out; the request's
+    ``service`` name is ignored: a replica serves one model)."""
+
+    async def check(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return HEALTH_SERVING if is_ready() else HEALTH_NOT_SERVING
+
+    handler = grpc.unary_unary_rpc_method_handler(check)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler}),))

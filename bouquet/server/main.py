@@ -23,7 +23,7 @@ import grpc
 
 from bouquet.config import ServeConfig
 from bouquet.modelspec import load_spec
-from bouquet.proto.rpc import SERVER_OPTIONS, add_servicer
+from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
 from bouquet.server.service import InferenceService
 
 log = logging.getLogger("bouquet.server")
@@ -59,6 +59,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     add_servicer(server, service)
+    add_health(server, lambda: service.ready and not service.draining)
     port = server.add_insecure_port(f"{bind_host}:{cfg.grpc_port}")
     await server.start()
     if port_file:
