@@ -97,6 +97,7 @@ def under_bulk(url: str, bulk_priority: str, clients: int, samples: int) -> dict
                 bulk_done[0] += 1
 
     threads = [threading.Thread(target=bulk, daemon=True) for _ in range(clients)]
+    t0 = time.perf_counter()
     for t in threads:
         t.start()
     time.sleep(2.0)  # the queue fills
@@ -105,14 +106,18 @@ def under_bulk(url: str, bulk_priority: str, clients: int, samples: int) -> dict
     stop.set()
     for t in threads:
         t.join(600)
+    # The replica was busy with bulk work from start to end (the queue never ran dry), so this is
+    # its token rate under exactly these conditions, and a maximum-size batch takes 2048 / rate.
+    tok_s = bulk_done[0] * BULK_SEQS * BULK_LEN / (time.perf_counter() - t0)
     return {"bulk_priority": bulk_priority, "bulk_clients": clients, "bulk_requests_done": bulk_done[0],
-            "bulk_tokens_per_request": BULK_SEQS * BULK_LEN, **pct(lat)}
+            "bulk_tokens_per_request": BULK_SEQS * BULK_LEN, "bulk_tokens_per_s": tok_s,
+            "max_batch_ms_under_load": MAX_BATCH_TOKENS / tok_s * 1000, **pct(lat)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default=None, help="write the results as JSON here")
-    ap.add_argument("--samples", type=int, default=30, help="interactive requests per phase")
+    ap.add_argument("--samples", type=int, default=50, help="interactive requests per phase")
     ap.add_argument("--bulk-clients", type=int, default=2)
     args = ap.parse_args()
     port = free_port()
@@ -128,11 +133,17 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    bound = unloaded["p99_ms"] + t_batch * 1000
+    # Two readings of "the time of one maximum-size batch": alone (a 2048-token request on the idle
+    # replica), and under the load itself (from the bulk token rate; other processes on a shared
+    # machine slow both the batch in flight and everything else).
+    bound_alone = unloaded["p99_ms"] + t_batch * 1000
+    bound_loaded = unloaded["p99_ms"] + float(with_prio["max_batch_ms_under_load"])  # type: ignore[arg-type]
     res = {"model": "all-MiniLM-L6-v2 (embedded)", "device": "cpu", "cpu_count": os.cpu_count(),
-           "max_batch_tokens": MAX_BATCH_TOKENS, "max_batch_ms": t_batch * 1000, "unloaded": unloaded,
-           "bulk_as_batch": with_prio, "bulk_same_class": one_class, "bound_p99_ms": bound,
-           "claim_holds": with_prio["p99_ms"] <= bound}
+           "load_average_1m": os.getloadavg()[0], "max_batch_tokens": MAX_BATCH_TOKENS,
+           "max_batch_ms_alone": t_batch * 1000, "unloaded": unloaded, "bulk_as_batch": with_prio,
+           "bulk_same_class": one_class, "bound_p99_ms_alone": bound_alone, "bound_p99_ms_under_load": bound_loaded,
+           "claim_holds_alone": with_prio["p99_ms"] <= bound_alone,
+           "claim_holds_under_load": with_prio["p99_ms"] <= bound_loaded}
     text = json.dumps(res, indent=2)
     print(text)
     if args.out:
