@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -16,7 +19,7 @@ import numpy as np
 import pytest
 
 from bouquet.proto.rpc import HEALTH_SERVING
-from helpers import BouquetProcess, cosine_rows, read_sts
+from helpers import BouquetProcess, cosine_rows, free_port, read_sts
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -44,8 +47,12 @@ def health(srv: BouquetProcess) -> dict:
 
 
 def grpc_health(address: str) -> bytes:
+    """The raw grpc.health.v1 Check answer, or b"" when nothing answers."""
     with grpc.insecure_channel(address) as ch:
-        return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+        try:
+            return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+        except grpc.RpcError:
+            return b""
 
 
 def gateway_children(pid: int) -> list[str]:
@@ -78,14 +85,36 @@ def test_large_request_is_spread_and_reassembled(three_replicas, texts, referenc
         np.testing.assert_allclose(three_replicas.vectors([texts[i]])[0], ours[i], atol=2e-5)
 
 
-def test_gateway_workers_share_external_replicas(three_replicas, texts, reference):
-    """`--server` (repeatable) + `--gateway-workers 2`: a gateway that starts no replica."""
-    addrs = [r["address"] for r in health(three_replicas)["replicas"]][1:]
-    gw = BouquetProcess(*(a for addr in addrs for a in ("--server", addr)), "--gateway-workers", "2")
+@pytest.fixture(scope="module")
+def standalone_server():
+    """`bouquet server`: one replica on a fixed address, as on a remote machine."""
+    port = free_port()
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bouquet-server-{port}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while grpc_health(f"127.0.0.1:{port}") != HEALTH_SERVING:
+        assert proc.poll() is None and time.monotonic() < deadline, "bouquet server did not become ready"
+        time.sleep(0.5)
+    yield proc, f"127.0.0.1:{port}"
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(30)
+    log.close()
+
+
+def test_gateway_workers_share_external_replicas(three_replicas, standalone_server, texts, reference):
+    """`--server` (repeatable) + `--gateway-workers 2`: a gateway that starts no replica, in front
+    of a standalone `bouquet server` and a replica of another gateway."""
+    server_proc, server_addr = standalone_server
+    addrs = [server_addr, health(three_replicas)["replicas"][1]["address"]]
+    gw = BouquetProcess(*(a for addr in addrs for a in ("--server", addr)), "--gateway-workers", "2",
+                        "--chunk-tokens", "32")
     try:
         workers = [c for c in gateway_children(gw.proc.pid) if "multiprocessing" in c]
         assert len(workers) == 2, gateway_children(gw.proc.pid)
-        assert [r["address"] for r in health(gw)["replicas"]] == addrs
+        reps = health(gw)["replicas"]
+        assert [r["address"] for r in reps] == addrs and reps[0]["pid"] == server_proc.pid
         for k in range(4):  # fresh connections, so both workers are likely to take some
             with httpx.Client() as c:
                 r = c.post(gw.url + "/v1/embeddings", json={"input": texts[1200 + 10 * k:1210 + 10 * k]}, timeout=60)
@@ -93,11 +122,11 @@ def test_gateway_workers_share_external_replicas(three_replicas, texts, referenc
             assert cosine_rows(vecs, reference[1200 + 10 * k:1210 + 10 * k]).min() >= 0.9999
     finally:
         assert gw.stop() == 0
+    server_proc.terminate()  # SIGTERM: drains, then exits cleanly
+    assert server_proc.wait(30) == 0
 
 
 def test_no_replica_left_is_a_quick_503():
-    from helpers import free_port
-
     gw = BouquetProcess("--server", f"127.0.0.1:{free_port()}", wait_for=(503,))
     try:
         t0 = time.monotonic()
