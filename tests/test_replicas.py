@@ -111,7 +111,7 @@ def test_gateway_workers_share_external_replicas(three_replicas, standalone_serv
     gw = BouquetProcess(*(a for addr in addrs for a in ("--server", addr)), "--gateway-workers", "2",
                         "--chunk-tokens", "32")
     try:
-        workers = [c for c in gateway_children(gw.proc.pid) if "multiprocessing" in c]
+        workers = [c for c in gateway_children(gw.proc.pid) if "spawn_main" in c]
         assert len(workers) == 2, gateway_children(gw.proc.pid)
         reps = health(gw)["replicas"]
         assert [r["address"] for r in reps] == addrs and reps[0]["pid"] == server_proc.pid
