@@ -79,6 +79,10 @@ class ServeConfig:
             raise ConfigError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         if self.max_inputs < 1:
             raise ConfigError(f"--max-inputs must be >= 1, got {self.max_inputs}")
+        if self.interactive_max_tokens < 0:
+            raise ConfigError(f"--interactive-max-tokens must be >= 0, got {self.interactive_max_tokens}")
+        if self.max_queue_tokens < 1:
+            raise ConfigError(f"--max-queue-tokens must be >= 1, got {self.max_queue_tokens}")
         if self.chunk_tokens < 1:
             raise ConfigError(f"--chunk-tokens must be >= 1, got {self.chunk_tokens}")
         return self

@@ -1,6 +1,8 @@
 """`bouquet serve`: start the server replica processes, then the gateway, and stop them together.
+(`bouquet server` — one standalone replica for a remote gateway — is ``serve_replica``.)
 
-The gateway runs in this process (uvicorn; SIGINT/SIGTERM start a drain, gateway/drain.py); replicas are child
+The gateway runs in this process (uvicorn; SIGINT/SIGTERM start a drain, gateway/drain.py), or in
+``--gateway-workers`` uvicorn worker processes supervised from here; replicas are child
 processes (``python -m bouquet.server``) that also die with this process (PR_SET_PDEATHSIG).
 When every replica has exited on its own, the gateway stops too and the command fails.
 """
@@ -81,8 +83,6 @@ def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
     import uvicorn
 
-    from bouquet.gateway.app import create_app
-    from bouquet.gateway.drain import DrainingServer, DrainMiddleware, DrainState
     from bouquet.modelspec import load_spec
 
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
@@ -93,31 +93,59 @@ def serve(cfg: ServeConfig) -> int:
         replicas = start_replicas(cfg)
         addresses = [r.address for r in replicas]
     log.info("bouquet: model %s (%s), replicas %s", spec.model_id, spec.architecture, addresses)
-    app = create_app(cfg, spec, addresses)
+    gcfg = cfg.replace(servers=tuple(addresses))
     try:
         import uvloop  # noqa: F401
 
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
-    server = DrainingServer(uvicorn.Config(DrainMiddleware(app, drain), host=cfg.host, port=cfg.port, loop=loop,
-                                           log_level=cfg.log_level, access_log=False, timeout_graceful_shutdown=5), drain)
-    failed = threading.Event()
+    common = dict(host=cfg.host, port=cfg.port, loop=loop, log_level=cfg.log_level, access_log=False)
+    if cfg.gateway_workers > 1:
+        from uvicorn.supervisors import Multiprocess
+
+        from bouquet.gateway.factory import GATEWAY_CONFIG_ENV
+
+        # Spawned workers inherit the environment: the factory reads the config from it.
+        # (Each worker is a plain uvicorn server: SIGTERM closes its listener after in-flight
+        # requests finish, up to 30 s; the 503 drain phase is single-worker only.)
+        os.environ[GATEWAY_CONFIG_ENV] = gcfg.to_json()
+        ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
+                              timeout_graceful_shutdown=30, **common)
+        supervisor = Multiprocess(ucfg, sockets=[ucfg.bind_socket()])
+        run, stop = supervisor.run, supervisor.should_exit.set
+    else:
+        from bouquet.gateway.app import create_app
+        from bouquet.gateway.drain import DrainingServer, DrainMiddleware, DrainState
+
+        drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
+        app = DrainMiddleware(create_app(gcfg, spec, addresses), drain)
+        server = DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=5, **common), drain)
+        run, stop = server.run, lambda: setattr(server, "should_exit", True)
+    failed, finished = threading.Event(), threading.Event()
 
     def watch() -> None:
-        while not server.should_exit:
+        while not finished.wait(0.5):
             if replicas and all(r.proc.poll() is not None for r in replicas):
                 log.error("bouquet: every server replica has exited; stopping the gateway")
                 failed.set()
-                server.should_exit = True
+                stop()
                 return
-            time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True).start()
-    log.info("bouquet: gateway on http://%s:%d (OpenAI: /v1/embeddings)", cfg.host, cfg.port)
+    log.info("bouquet: gateway on http://%s:%d (OpenAI: /v1/embeddings), %d worker(s)", cfg.host, cfg.port,
+             cfg.gateway_workers)
     try:
-        server.run()
+        run()
     finally:
+        finished.set()
         stop_replicas(replicas)
     return 1 if failed.is_set() else 0
+
+
+def serve_replica(cfg: ServeConfig, device: str | None = None) -> int:
+    """`bouquet server`: one standalone replica on ``cfg.host:cfg.grpc_port`` (in this process)."""
+    from bouquet.server.main import run_async, serve as run_server
+
+    run_async(run_server(cfg, None, device, cfg.host))
+    return 0

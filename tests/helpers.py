@@ -45,7 +45,8 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class BouquetProcess:
     """`bouquet serve` as a real child process on free ports; stop() sends SIGTERM."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
+                 wait_for: tuple[int, ...] = (200,)) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(self.port), "--device", "cpu", *args]
@@ -53,15 +54,16 @@ class BouquetProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
                                      env={**os.environ, **(env or {})})
-        self.wait_healthy(startup_timeout)
+        self.wait_healthy(startup_timeout, wait_for)
 
-    def wait_healthy(self, timeout: float) -> None:
+    def wait_healthy(self, timeout: float, wait_for: tuple[int, ...] = (200,)) -> None:
+        """Wait until /health answers with a status in ``wait_for`` (503 = up, no replica ready)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"bouquet serve exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=2).status_code in wait_for:
                     return
             except httpx.HTTPError:
                 pass

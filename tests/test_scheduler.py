@@ -58,8 +58,10 @@ def test_interactive_before_batch():
     q = Request([seq(2, 999)], priority=Priority.INTERACTIVE)
     s.add(q)
     nxt = s.next_batch()
-    assert nxt.owners[0][0] is q  # the query jumps the remaining bulk work
+    assert nxt.owners == [(q, 0)]  # the query jumps the remaining bulk work, in a batch of its own
     assert first.owners[0][0] is bulk
+    assert [i for _, i in s.next_batch().owners] == [2, 3]  # then bulk resumes in order
+    assert s.next_batch() is None
 
 
 def test_cancel_drops_queued_and_ignores_inflight_rows():
@@ -96,3 +98,19 @@ def test_queue_limit_and_validation():
         s.add(Request([]))
     with pytest.raises(ValueError):
         s.add(Request([np.zeros(0, np.int32)]))
+
+
+def test_fcfs_within_class_and_classes_never_mixed():
+    s = Scheduler(max_batch_tokens=6, max_batch_seqs=4)
+    bulk1 = Request([seq(3, 10), seq(3, 20)], priority=Priority.BATCH)
+    q1 = Request([seq(2, 30), seq(2, 40)], priority=Priority.INTERACTIVE)
+    bulk2 = Request([seq(1, 50)], priority=Priority.BATCH)
+    q2 = Request([seq(3, 60)], priority=Priority.INTERACTIVE)
+    for r in (bulk1, q1, bulk2, q2):
+        s.add(r)
+    order = []
+    while (sb := s.next_batch()) is not None:
+        assert len({r.priority for r, _ in sb.owners}) == 1  # one class per batch
+        assert sb.batch.num_tokens <= 6
+        order.append([(r, i) for r, i in sb.owners])
+    assert order == [[(q1, 0), (q1, 1)], [(q2, 0)], [(bulk1, 0), (bulk1, 1)], [(bulk2, 0)]]

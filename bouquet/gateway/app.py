@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from bouquet.config import ServeConfig
 from bouquet.gateway.auth import APIKeyMiddleware
+from bouquet.gateway.disconnect import CancelOnDisconnect
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bouquet.gateway.metrics import GatewayMetrics, MetricsMiddleware
@@ -215,7 +216,8 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
     """Build the gateway app. The replica pool connects on start-up (ASGI lifespan)."""
     public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
     names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
-    gw = Gateway(cfg, spec, ReplicaPool(server_addresses, cfg.chunk_tokens), TextTokenizer(spec), public_id, names)
+    pool = ReplicaPool(server_addresses, cfg.chunk_tokens, cfg.interactive_max_tokens)
+    gw = Gateway(cfg, spec, pool, TextTokenizer(spec), public_id, names)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -227,6 +229,7 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
     app = FastAPI(title="bouquet", version="0.1.0", lifespan=lifespan,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
     app.state.gateway = gw
+    app.add_middleware(CancelOnDisconnect)  # an abandoned request's queued work is dropped
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:

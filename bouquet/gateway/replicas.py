@@ -2,9 +2,12 @@
 
 A request's sequences are split into chunks of about ``chunk_tokens`` tokens; each chunk goes to
 the healthy replica with the fewest outstanding tokens; results are reassembled in input order.
-A chunk whose replica fails (connection lost, replica draining) is retried on another replica;
-when none is left the caller gets APIError(503). What this module does not own: tokenization,
-HTTP parsing, response encoding.
+Every chunk carries the request's priority, decided here from the whole request's size (a server
+sees only its chunk). A chunk whose replica fails (connection lost, replica draining) is retried
+on another replica; a chunk refused for a full queue tries the others. When none is left the
+caller gets APIError 503 (or 429), and the request's other chunks are cancelled, so their queued
+sequences are dropped on the servers. What this module does not own: tokenization, HTTP
+parsing, response encoding, noticing that the HTTP client went away (gateway/disconnect.py).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, Coroutine, TypeVar
 
 import grpc
 import numpy as np
@@ -21,12 +25,12 @@ from bouquet.proto import bouquet_pb2 as pb
 from bouquet.proto.rpc import CHANNEL_OPTIONS, InferenceStub
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
 _STATUS_HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 422,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
@@ -41,18 +45,49 @@ class Replica:
     healthy: bool = False
     info: pb.InfoReply | None = None
     last_error: str = ""
-    served_chunks: int = 0
+    served_chunks: int = 0  # chunks this gateway process got vectors for
 
     def describe(self) -> dict[str, object]:
+        """The replica as /health shows it; server-side counters come from the last Info probe."""
+        i = self.info
         return {"address": self.address, "healthy": self.healthy, "outstanding_tokens": self.outstanding_tokens,
-                "device": self.info.device if self.info else None, "chunks": self.served_chunks,
-                "error": self.last_error or None}
+                "chunks": self.served_chunks, "device": i.device if i else None, "pid": i.pid if i else None,
+                "pending_tokens": i.pending_tokens if i else None,
+                "completed_requests": i.completed_requests if i else None,
+                "cancelled_sequences": i.cancelled_sequences if i else None, "error": self.last_error or None}
+
+
+def chunk_bounds(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """[start, end) index ranges of consecutive sequences, each of at most ``chunk_tokens`` tokens
+    (a single longer sequence forms its own chunk). Order is kept: chunk k precedes chunk k+1."""
+    out, start, tokens = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and tokens + n > chunk_tokens:
+            out.append((start, i))
+            start, tokens = i, 0
+        tokens += n
+    out.append((start, len(lengths)))
+    return out
+
+
+async def gather_or_cancel(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.gather``, except that the first failure cancels the others (their queued work
+    would be wasted), and cancelling the caller cancels them all."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        asyncio.gather(*tasks, return_exceptions=True)  # collects their outcomes; nothing to wait for
+        raise
 
 
 @dataclass
 class ReplicaPool:
     addresses: list[str]
     chunk_tokens: int = 8192
+    interactive_max_tokens: int = 2048  # PRIORITY_AUTO: requests up to this many tokens are interactive
     request_timeout_s: float = 600.0
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
@@ -96,15 +131,11 @@ class ReplicaPool:
         cands = [r for r in self.replicas if r.healthy and r.address not in exclude]
         return min(cands, key=lambda r: r.outstanding_tokens) if cands else None
 
-    def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
-        out, start, tokens = [], 0, 0
-        for i, n in enumerate(lengths):
-            if i > start and tokens + n > self.chunk_tokens:
-                out.append((start, i))
-                start, tokens = i, 0
-            tokens += n
-        out.append((start, len(lengths)))
-        return out
+    def resolve_priority(self, priority: int, total_tokens: int) -> int:
+        """PRIORITY_AUTO → interactive up to ``interactive_max_tokens`` tokens, else batch."""
+        if priority != pb.PRIORITY_AUTO:
+            return priority
+        return pb.PRIORITY_INTERACTIVE if total_tokens <= self.interactive_max_tokens else pb.PRIORITY_BATCH
 
     async def infer(
         self,
@@ -119,15 +150,13 @@ class ReplicaPool:
         Raises APIError: 400/422 for input the server refuses, 429 when queues are full,
         503 when no replica can serve, 504 on timeout.
         """
-        if priority == pb.PRIORITY_AUTO and len(self.replicas) > 1:
-            # The server cannot see the whole request once it is chunked; decide here.
-            total = sum(len(s) for s in seqs)
-            priority = pb.PRIORITY_INTERACTIVE if total <= 2048 else pb.PRIORITY_BATCH
-        parts = self._chunks([len(s) for s in seqs])
-        results = await asyncio.gather(*(
+        lengths = [len(s) for s in seqs]
+        priority = self.resolve_priority(priority, sum(lengths))
+        parts = chunk_bounds(lengths, self.chunk_tokens)
+        results = await gather_or_cancel([
             self._run_chunk(seqs[a:b], type_ids[a:b] if type_ids is not None else None, normalize, dimensions, priority)
             for a, b in parts
-        ))
+        ])
         return results[0] if len(results) == 1 else np.concatenate(results, axis=0)
 
     async def _run_chunk(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None,
@@ -142,27 +171,36 @@ class ReplicaPool:
             req.normalize = normalize
         tokens = int(lengths.sum())
         tried: set[str] = set()
+        queue_full = ""
         deadline = time.monotonic() + self.request_timeout_s
         while True:
             r = self._pick(tried)
             if r is None:
+                if queue_full:
+                    raise APIError(429, f"every replica's queue is full ({queue_full}); retry later",
+                                   code="queue_full", headers={"Retry-After": "1"})
                 raise APIError(503, "no healthy inference replica is available; retry later", code="no_replica",
                                headers={"Retry-After": "1"})
             tried.add(r.address)
             r.outstanding_tokens += tokens
             try:
                 rep = await r.stub.Embed(req, timeout=max(0.1, deadline - time.monotonic()))
-                r.served_chunks += 1
             except grpc.aio.AioRpcError as e:
                 code = e.code()
                 if code in _RETRYABLE:
                     r.healthy, r.last_error = False, f"{code.name}: {e.details()}"
                     log.warning("replica %s failed (%s); retrying elsewhere", r.address, code.name)
                     continue
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    queue_full = e.details() or "queue full"
+                    continue
                 status = _STATUS_HTTP.get(code, 500)
-                headers = {"Retry-After": "1"} if status == 429 else None
-                raise APIError(status, e.details() or code.name, headers=headers) from None
+                raise APIError(status, e.details() or code.name) from None
             finally:
                 r.outstanding_tokens -= tokens
             t = rep.output
+            if len(t.shape) != 2 or t.shape[0] != len(seqs):
+                # Never hand out rows that cannot be matched to this chunk's inputs.
+                raise APIError(500, f"replica {r.address} returned shape {list(t.shape)} for {len(seqs)} inputs")
+            r.served_chunks += 1
             return np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))

@@ -57,7 +57,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoReply(_message.Message):
-    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens", "inflight_requests", "batches", "batch_sequences", "batch_tokens", "cancelled_sequences", "graph_captures", "graph_replays", "batch_tokens_le", "batch_tokens_cumulative", "batch_sequences_le", "batch_sequences_cumulative", "step_seconds_sum")
+    __slots__ = ("model_id", "architecture", "task", "dimension", "max_seq_length", "device", "dtype", "ready", "attention", "pending_tokens", "max_batch_tokens", "inflight_requests", "batches", "batch_sequences", "batch_tokens", "cancelled_sequences", "graph_captures", "graph_replays", "batch_tokens_le", "batch_tokens_cumulative", "batch_sequences_le", "batch_sequences_cumulative", "step_seconds_sum", "pid", "completed_requests")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,8 @@ class InfoReply(_message.Message):
     BATCH_SEQUENCES_LE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SEQUENCES_CUMULATIVE_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_SUM_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     architecture: str
     task: str
@@ -104,4 +106,6 @@ class InfoReply(_message.Message):
     batch_sequences_le: _containers.RepeatedScalarFieldContainer[float]
     batch_sequences_cumulative: _containers.RepeatedScalarFieldContainer[int]
     step_seconds_sum: float
-    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., batches: _Optional[int] = ..., batch_sequences: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., cancelled_sequences: _Optional[int] = ..., graph_captures: _Optional[int] = ..., graph_replays: _Optional[int] = ..., batch_tokens_le: _Optional[_Iterable[float]] = ..., batch_tokens_cumulative: _Optional[_Iterable[int]] = ..., batch_sequences_le: _Optional[_Iterable[float]] = ..., batch_sequences_cumulative: _Optional[_Iterable[int]] = ..., step_seconds_sum: _Optional[float] = ...) -> None: ...
+    pid: int
+    completed_requests: int
+    def __init__(self, model_id: _Optional[str] = ..., architecture: _Optional[str] = ..., task: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., ready: _Optional[bool] = ..., attention: _Optional[str] = ..., pending_tokens: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., inflight_requests: _Optional[int] = ..., batches: _Optional[int] = ..., batch_sequences: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., cancelled_sequences: _Optional[int] = ..., graph_captures: _Optional[int] = ..., graph_replays: _Optional[int] = ..., batch_tokens_le: _Optional[_Iterable[float]] = ..., batch_tokens_cumulative: _Optional[_Iterable[int]] = ..., batch_sequences_le: _Optional[_Iterable[float]] = ..., batch_sequences_cumulative: _Optional[_Iterable[int]] = ..., step_seconds_sum: _Optional[float] = ..., pid: _Optional[int] = ..., completed_requests: _Optional[int] = ...) -> None: ...

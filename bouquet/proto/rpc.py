@@ -16,9 +16,26 @@ from bouquet.proto import bouquet_pb2 as pb
 SERVICE = "bouquet.v1.Inference"
 # Large batches of vectors exceed gRPC's 4 MB default.
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-CHANNEL_OPTIONS = [
+_MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+# Gateway side. Keepalive pings notice a replica whose machine vanished without closing the
+# connection (no RST), so its calls fail within ~30 s instead of waiting for the deadline; a short
+# reconnect backoff lets a restarted replica (same address) be used again within seconds.
+CHANNEL_OPTIONS = [
+    *_MESSAGE_OPTIONS,
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+# Server side: accept the gateway's pings during long calls (the default policy answers pings
+# more often than every 5 minutes with GOAWAY).
+SERVER_OPTIONS = [
+    *_MESSAGE_OPTIONS,
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
 ]
 _METHODS: dict[str, tuple[Any, Any]] = {
     "Embed": (pb.EmbedRequest, pb.EmbedReply),
@@ -48,3 +65,21 @@ class InferenceStub:
             setattr(self, name, channel.unary_unary(
                 f"/{SERVICE}/{name}", request_serializer=req.SerializeToString, response_deserializer=rep.FromString
             ))
+
+
+# The standard gRPC health service (grpc.health.v1.Health/Check), so that Kubernetes' native
+# `grpc:` readiness probe works without extra packages. Its two messages are tiny and fixed:
+# HealthCheckResponse{status = SERVING (1) | NOT_SERVING (2)} is field 1, varint.
+HEALTH_SERVICE = "grpc.health.v1.Health"
+HEALTH_SERVING, HEALTH_NOT_SERVING = b"\x08\x01", b"\x08\x02"
+
+
+def add_health(server: grpc.aio.Server, is_ready: Callable[[], bool]) -> None:
+    """Answer ``Check`` with SERVING while ``is_ready()`` (raw bytes in and out; the request's
+    ``service`` name is ignored: a replica serves one model)."""
+
+    async def check(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return HEALTH_SERVING if is_ready() else HEALTH_NOT_SERVING
+
+    handler = grpc.unary_unary_rpc_method_handler(check)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler}),))

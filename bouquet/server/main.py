@@ -1,4 +1,8 @@
-"""Entry point of one server replica process: ``python -m bouquet.server --config JSON ...``.
+"""Entry point of one server replica process.
+
+Two ways in: ``bouquet serve`` spawns ``python -m bouquet.server --config JSON ...`` per replica
+(bound to loopback, dying with its parent); ``bouquet server --host H --port P`` runs one
+standalone replica for a gateway on another machine (see docs/deploy.md).
 
 Binds its gRPC port first (so the gateway can see it loading), then loads the model, runs a
 warm-up batch and only then reports ready. Writes the bound port to ``--port-file``. Exits on
@@ -19,7 +23,7 @@ import grpc
 
 from bouquet.config import ServeConfig
 from bouquet.modelspec import load_spec
-from bouquet.proto.rpc import CHANNEL_OPTIONS, add_servicer
+from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
 from bouquet.server.service import InferenceService
 
 log = logging.getLogger("bouquet.server")
@@ -42,7 +46,8 @@ def default_batch_tokens(cfg: ServeConfig, device_type: str) -> int:
     return 16384 if device_type == "cuda" else 2048
 
 
-async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> None:
+async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bind_host: str = "127.0.0.1") -> None:
+    """Bind ``bind_host:cfg.grpc_port`` (0 = a free port), load the model, serve until SIGTERM."""
     import torch  # the server process is where torch lives; imported after argument parsing
 
     from bouquet.engine.engine import Engine, GraphOptions, resolve_device
@@ -52,9 +57,10 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None) -> 
     if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     add_servicer(server, service)
-    port = server.add_insecure_port(f"{cfg.host if cfg.servers else '127.0.0.1'}:{cfg.grpc_port}")
+    add_health(server, lambda: service.ready and not service.draining)
+    port = server.add_insecure_port(f"{bind_host}:{cfg.grpc_port}")
     await server.start()
     if port_file:
         tmp = port_file + ".tmp"
@@ -84,11 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", required=True, help="ServeConfig as JSON")
     ap.add_argument("--port-file", default=None)
     ap.add_argument("--device", default=None, help="overrides the config's device, e.g. cuda:1")
+    ap.add_argument("--host", default="127.0.0.1", help="gRPC bind address (the config's grpc_port is the port)")
+    ap.add_argument("--standalone", action="store_true", help="keep running when the parent process exits")
     args = ap.parse_args(argv)
     cfg = ServeConfig.from_json(args.config)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
-    run_async(serve(cfg, args.port_file, args.device))
+    if not args.standalone:
+        _die_with_parent()
+    run_async(serve(cfg, args.port_file, args.device, args.host))
 
 
 def run_async(coro: "asyncio.Future[None] | object") -> None:

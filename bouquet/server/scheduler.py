@@ -1,8 +1,10 @@
 """Batch formation: pure Python (numpy for the packed arrays), no torch, no asyncio.
 
 Pending sequences from all requests wait in one FIFO per priority class. ``next_batch`` takes
-sequences first-come-first-served — every `interactive` sequence before any `batch` one — until
-the token budget or the sequence-slot limit is reached. A sequence longer than the budget still
+sequences first-come-first-served from the highest class with pending work — every `interactive`
+sequence before any `batch` one, and never both classes in one batch — until the token budget or
+the sequence-slot limit is reached. An interactive sequence thus waits for at most the batches
+already in flight (one on the CPU, ``depth`` on a GPU). A sequence longer than the budget still
 runs, alone. What the scheduler does not own: running the engine, waiting for results, or any
 network I/O (server/service.py does those); it only decides what runs next and routes result rows
 back to their requests.
@@ -137,7 +139,10 @@ class Scheduler:
                 tokens += n
                 req.queued -= 1
                 req.queued_tokens -= n
-            if owners and (tokens >= self.max_batch_tokens or len(owners) >= self.max_batch_seqs or q):
+            if owners:
+                # A batch with interactive work is not topped up with batch-class work: the
+                # query's own batch stays small, so its latency is at most the batch in flight
+                # plus a short one, not two full batches.
                 break
         if not owners:
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,7 @@ class InferenceService:
         self._wait_pool = ThreadPoolExecutor(1, thread_name_prefix="bouquet-wait")
         self._inflight_requests = 0
         self.stats = ReplicaStats()
+        self.completed_requests = 0
 
     def attach(self, engine: StepEngine, info: Any = None) -> None:
         self.engine, self.engine_info = engine, info
@@ -100,6 +102,7 @@ class InferenceService:
             max_seq_length=s.max_seq_length, device=getattr(e, "device", ""), dtype=getattr(e, "dtype", ""),
             ready=self.ready and not self.draining, attention=getattr(e, "attention", ""),
             pending_tokens=self.scheduler.pending_tokens, max_batch_tokens=self.scheduler.max_batch_tokens,
+            pid=os.getpid(), completed_requests=self.completed_requests,
         )
         return self.stats.fill(reply, self.scheduler, self.engine, self._inflight_requests)
 
@@ -148,6 +151,7 @@ class InferenceService:
             normalize = request.normalize if request.HasField("normalize") else self.spec.normalize
             rows = finalize(rows, normalize, dims)
         out = np.ascontiguousarray(rows, dtype="<f4")
+        self.completed_requests += 1
         return pb.EmbedReply(output=pb.Tensor(data=out.tobytes(), dtype="float32", shape=list(out.shape)),
                              num_tokens=n_tokens)
 

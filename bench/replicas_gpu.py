@@ -1,0 +1,172 @@
+"""Benchmark 3 (high-throughput embedding) on one replica vs two: does a second GPU add ~2x?
+
+Builds a BERT model directory with random weights (bge-base shape, or a tiny shape with --tiny)
+and the all-MiniLM-L6-v2 tokenizer.json, then for each replica set starts
+`bouquet serve --device cuda --gpus 0` and `--gpus 0,1` (or `--device cpu --replicas 1` / `2`),
+and drives it from 4 client processes, each sending requests of 100 pre-tokenized sequences of
+512 tokens (token-id lists over HTTP, base64 vectors back) back to back. Reports embeddings/s
+for each and their ratio (target on two H200s: >= 1.8).
+
+Clients use only the standard library (http.client), so the GPU machine needs no httpx.
+
+Usage:
+  python bench/replicas_gpu.py out.json                       # GPUs 0 and 0,1, bge-base shape
+  python bench/replicas_gpu.py out.json --device cpu --tiny   # quick check on a CPU machine
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+SHAPES = {
+    "bge-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+}
+
+
+def build_model_dir(root: Path, shape: str) -> Path:
+    """config.json + random model.safetensors (parameter names from bouquet's own BertModel) +
+    the embedded MiniLM tokenizer.json (same BERT WordPiece vocabulary, 30,522 ids)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from bouquet.engine.attention import select_backend
+    from bouquet.engine.models.bert import BertModel
+    from bouquet.modelspec import resolve_model_path
+
+    cfg = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "max_position_embeddings": 512,
+           "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu", "pad_token_id": 0,
+           "bouquet": {"pooling": "cls"}, **SHAPES[shape]}
+    out = root / f"bert-{shape}-random"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    shutil.copy(resolve_model_path(None) / "tokenizer.json", out / "tokenizer.json")
+    with torch.device("meta"):
+        model = BertModel(cfg, select_backend(torch.device("cpu"), torch.float32))
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("LayerNorm.weight"):
+            t = torch.ones(p.shape)
+        elif name.endswith("bias"):
+            t = torch.zeros(p.shape)
+        else:
+            t = torch.randn(p.shape, generator=gen) * 0.02  # BERT's initializer range
+        state[name] = t.to(torch.bfloat16)
+    save_file(state, str(out / "model.safetensors"))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: argparse.Namespace, model: Path, n: int, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    place = ["--gpus", ",".join(str(g) for g in range(n))] if args.device == "cuda" else ["--replicas", str(n)]
+    cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model), "--device", args.device, *place,
+           "--port", str(port), "--gateway-workers", str(args.gateway_workers), "--max-request-bytes", str(16 << 20)]
+    print("+", " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"bouquet serve exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"not healthy after 600 s; see {log}")
+
+
+def client(port: int, body: bytes, batch: int, warmup_s: float, seconds: float, out: "mp.Queue[tuple[int, float]]") -> None:
+    """Send ``body`` back to back; count embeddings finished inside the timed window."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t_start = time.monotonic() + warmup_s
+    t_end = t_start + seconds
+    done = 0
+    while True:
+        conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+        now = time.monotonic()
+        if now >= t_end:
+            break
+        if now >= t_start:
+            done += batch
+    out.put((done, seconds))
+
+
+def measure(port: int, args: argparse.Namespace) -> float:
+    import random
+
+    rng = random.Random(0)
+    ids = [[101] + [rng.randrange(1000, 29000) for _ in range(args.seq_len - 2)] + [102] for _ in range(args.batch)]
+    body = json.dumps({"input": ids, "encoding_format": "base64", "priority": "batch"}).encode()
+    q: mp.Queue[tuple[int, float]] = mp.Queue()
+    procs = [mp.Process(target=client, args=(port, body, args.batch, args.warmup, args.seconds, q))
+             for _ in range(args.clients)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=args.warmup + args.seconds + 600) for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(d for d, _ in results) / args.seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="results JSON path")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="tiny BERT instead of the bge-base shape (CPU check)")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--seconds", type=float, default=30.0, help="timed window per run")
+    ap.add_argument("--warmup", type=float, default=15.0, help="untimed load first (CUDA graph capture)")
+    ap.add_argument("--gateway-workers", type=int, default=0, help="0 = 4 on cuda, 1 on cpu")
+    args = ap.parse_args()
+    args.gateway_workers = args.gateway_workers or (4 if args.device == "cuda" else 1)
+    shape = "tiny" if args.tiny else "bge-base"
+    work = Path(tempfile.mkdtemp(prefix="bouquet-replicas-"))
+    model = build_model_dir(work, shape)
+    res: dict[str, object] = {"shape": shape, "device": args.device, "clients": args.clients, "batch": args.batch,
+                              "seq_len": args.seq_len, "seconds": args.seconds, "gateway_workers": args.gateway_workers}
+    for n in (1, 2):
+        proc, port = start(args, model, n, work / f"serve-{n}.log")
+        try:
+            res[f"emb_per_s_{n}_replica{'s' if n > 1 else ''}"] = rate = measure(port, args)
+            print(f"{n} replica(s): {rate:,.0f} emb/s", flush=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+    res["ratio"] = res["emb_per_s_2_replicas"] / max(res["emb_per_s_1_replica"], 1e-9)  # type: ignore[operator]
+    res["target_ratio"] = 1.8
+    text = json.dumps(res, indent=2)
+    print(text)
+    Path(args.out).write_text(text + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

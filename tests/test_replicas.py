@@ -1,0 +1,193 @@
+"""Serving over several replicas: three real server processes behind one gateway.
+
+Chunks of a large request are spread over the replicas and reassembled in order; a replica killed
+with SIGKILL under load costs no request a hang or a wrong vector, and the survivors carry on.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from bouquet.proto.rpc import HEALTH_SERVING
+from helpers import BouquetProcess, cosine_rows, free_port, read_sts
+
+REQUEST_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def three_replicas():
+    srv = BouquetProcess("--replicas", "3", "--chunk-tokens", "64")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    s1, s2, _ = read_sts("test")
+    return list(dict.fromkeys(s1 + s2))  # distinct sentences, stable order
+
+
+@pytest.fixture(scope="module")
+def reference(st_minilm, texts):
+    return st_minilm.encode(texts[:1400], batch_size=128, convert_to_numpy=True)
+
+
+def health(srv: BouquetProcess) -> dict:
+    return httpx.get(srv.url + "/health", timeout=10).json()
+
+
+def grpc_health(address: str) -> bytes:
+    """The raw grpc.health.v1 Check answer, or b"" when nothing answers."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+        except grpc.RpcError:
+            return b""
+
+
+def gateway_children(pid: int) -> list[str]:
+    """Command lines of ``pid``'s child processes (Linux /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid == pid:
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        out.append(f.read().replace(b"\0", b" ").decode())
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def test_large_request_is_spread_and_reassembled(three_replicas, texts, reference):
+    before = {r["address"]: r["chunks"] for r in health(three_replicas)["replicas"]}
+    ours = three_replicas.vectors(texts[:1000])
+    after = health(three_replicas)["replicas"]
+    assert len(after) == 3
+    got = {r["address"]: r["chunks"] - before[r["address"]] for r in after}
+    assert all(n > 0 for n in got.values()), got  # every replica got a share of the chunks
+    assert sum(got.values()) >= 100  # ~13k tokens in chunks of 64 tokens
+    cos = cosine_rows(ours, reference[:1000])
+    assert cos.min() >= 0.9999, (int(np.argmin(cos)), float(cos.min()))
+    for i in (0, 1, 137, 500, 998, 999):  # the single-request vector, row for row
+        np.testing.assert_allclose(three_replicas.vectors([texts[i]])[0], ours[i], atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def standalone_server():
+    """`bouquet server`: one replica on a fixed address, as on a remote machine."""
+    port = free_port()
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bouquet-server-{port}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while grpc_health(f"127.0.0.1:{port}") != HEALTH_SERVING:
+        assert proc.poll() is None and time.monotonic() < deadline, "bouquet server did not become ready"
+        time.sleep(0.5)
+    yield proc, f"127.0.0.1:{port}"
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(30)
+    log.close()
+
+
+def test_gateway_workers_share_external_replicas(three_replicas, standalone_server, texts, reference):
+    """`--server` (repeatable) + `--gateway-workers 2`: a gateway that starts no replica, in front
+    of a standalone `bouquet server` and a replica of another gateway."""
+    server_proc, server_addr = standalone_server
+    addrs = [server_addr, health(three_replicas)["replicas"][1]["address"]]
+    gw = BouquetProcess(*(a for addr in addrs for a in ("--server", addr)), "--gateway-workers", "2",
+                        "--chunk-tokens", "32")
+    try:
+        workers = [c for c in gateway_children(gw.proc.pid) if "spawn_main" in c]
+        assert len(workers) == 2, gateway_children(gw.proc.pid)
+        reps = health(gw)["replicas"]
+        assert [r["address"] for r in reps] == addrs and reps[0]["pid"] == server_proc.pid
+        for k in range(4):  # fresh connections, so both workers are likely to take some
+            with httpx.Client() as c:
+                r = c.post(gw.url + "/v1/embeddings", json={"input": texts[1200 + 10 * k:1210 + 10 * k]}, timeout=60)
+            vecs = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+            assert cosine_rows(vecs, reference[1200 + 10 * k:1210 + 10 * k]).min() >= 0.9999
+    finally:
+        assert gw.stop() == 0
+    server_proc.terminate()  # SIGTERM: drains, then exits cleanly
+    assert server_proc.wait(30) == 0
+
+
+def test_no_replica_left_is_a_quick_503():
+    gw = BouquetProcess("--server", f"127.0.0.1:{free_port()}", wait_for=(503,))
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
+        assert r.status_code == 503 and "replica" in r.json()["error"]["message"] and r.headers["retry-after"]
+        assert time.monotonic() - t0 < 5
+        assert health(gw)["replicas"][0]["healthy"] is False
+    finally:
+        gw.stop()
+
+
+async def _one(client: httpx.AsyncClient, url: str, idx: list[int], texts: list[str]) -> tuple[list[int], int, object, float]:
+    body = {"input": [texts[i] for i in idx]}
+    try:
+        r = await client.post(url, json=body, timeout=REQUEST_TIMEOUT_S)
+    except httpx.TimeoutException:
+        return idx, -1, None, time.monotonic()
+    return idx, r.status_code, r.json(), time.monotonic()
+
+
+async def _load_with_kill(srv: BouquetProcess, texts: list[str], victim_pid: int, n: int = 200, per: int = 6):
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(limits=limits) as client:
+        tasks = [asyncio.create_task(_one(client, srv.url + "/v1/embeddings", list(range(k * per, (k + 1) * per)), texts))
+                 for k in range(n)]
+        done_before = 0
+        # Kill once the load is flowing: a few answers are back, most are still queued.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done_before = sum(t.done() for t in tasks)
+            if done_before >= 5:
+                break
+            await asyncio.sleep(0.02)
+        os.kill(victim_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        results = await asyncio.gather(*tasks)
+    return results, done_before, killed_at
+
+
+def test_kill_9_one_replica_under_200_concurrent_requests(three_replicas, texts, reference):
+    replicas = health(three_replicas)["replicas"]
+    victim = replicas[0]
+    assert all(r["pid"] for r in replicas) and len({r["pid"] for r in replicas}) == 3
+    assert grpc_health(victim["address"]) == HEALTH_SERVING  # what a Kubernetes grpc probe asks
+    t0 = time.monotonic()
+    results, done_before, killed_at = asyncio.run(_load_with_kill(three_replicas, texts, victim["pid"]))
+    statuses = [s for _, s, _, _ in results]
+    assert -1 not in statuses, "a request hung past the timeout"
+    # Survivors exist, so the failed replica's chunks are retried there: 200 for all (a 503 would
+    # be the clear answer only when no replica is left; see test_no_replica_left_is_a_quick_503).
+    assert statuses == [200] * len(results), {s: statuses.count(s) for s in set(statuses)}
+    assert time.monotonic() - t0 < REQUEST_TIMEOUT_S
+    assert sum(1 for *_, t in results if t > killed_at) >= 50  # the kill hit a loaded system
+    for idx, status, body, _ in results:
+        vecs = np.asarray([d["embedding"] for d in body["data"]], dtype=np.float32)
+        cos = cosine_rows(vecs, reference[idx])
+        assert cos.min() >= 0.9999, (idx, cos)  # its own inputs' vectors, in order
+    # Later requests succeed on the survivors; /health reports the dead one.
+    for k in range(5):
+        a, b = 1200 + 40 * k, 1240 + 40 * k
+        assert cosine_rows(three_replicas.vectors(texts[a:b]), reference[a:b]).min() >= 0.9999
+    after = {r["address"]: r for r in health(three_replicas)["replicas"]}
+    assert after[victim["address"]]["healthy"] is False
+    assert sum(r["healthy"] for r in after.values()) == 2
