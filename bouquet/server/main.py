@@ -54,6 +54,10 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
 
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
     dev = resolve_device(device or cfg.device)
+    if dev.type == "cuda" and dev.index is not None:
+        # Triton kernels, CUDA graphs and streams use the *current* device: make it this replica's
+        # GPU (without this a replica on cuda:1 launched Triton kernels on cuda:0 and failed).
+        torch.cuda.set_device(dev)
     if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
