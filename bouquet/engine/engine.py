@@ -182,6 +182,12 @@ class Engine:
         """Enqueue a batch; returns at once on CUDA (see the module docstring)."""
         if self.device.type != "cuda":
             return PendingResult(self.forward(batch).numpy())
+        # The current CUDA device is per host thread and the server steps from a worker thread:
+        # Triton kernels and graph capture would otherwise target cuda:0 for a replica on cuda:1.
+        with torch.cuda.device(self.device):
+            return self._step_cuda(batch)
+
+    def _step_cuda(self, batch: Batch) -> PendingResult:
         o = self.graph_options
         bucket = None
         if self.graphs is not None:
