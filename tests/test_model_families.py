@@ -30,8 +30,8 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def mixed_batch(spec: ModelSpec, seed: int = 0, skewed: bool = False) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """Random ids with lengths 1 … max_seq_length; cross-encoders get a two-segment type split.
-    ``skewed``: one long sequence among short ones, which sends the CPU attention backend down
-    its one-call-per-sequence path instead of the padded one."""
+    ``skewed``: one long sequence among short ones (and repeated lengths, so the CPU attention
+    backend forms a group of several sequences)."""
     rng = np.random.default_rng(seed)
     lengths = [1, 7, spec.max_seq_length, 3, 23, spec.max_seq_length - 1, 2]
     if skewed:
@@ -111,7 +111,10 @@ def test_batched_equals_single(kind: str, skewed: bool, tiny_dirs: dict[str, Pat
     engine = Engine(spec, device="cpu", dtype="float32")
     seqs, types = mixed_batch(spec, seed=1, skewed=skewed)
     meta = engine.attn.prepare(torch.from_numpy(Batch.pack(seqs).cu_seqlens), max(len(s) for s in seqs), False)
-    assert (meta.lengths is not None) == skewed  # both CPU attention paths are covered
+    # CPU attention groups sequences by exact length: every sequence in exactly one group, and
+    # the skewed batch has a group of several (three of length 1)
+    assert meta.groups is not None and sum(g.count for g in meta.groups) == len(seqs)
+    assert max(g.count for g in meta.groups) == (3 if skewed else 1)
     batched = engine.step(Batch.pack(seqs, types)).wait()
     single = np.concatenate([engine.step(Batch.pack([s], None if types is None else [types[i]])).wait()
                              for i, s in enumerate(seqs)])

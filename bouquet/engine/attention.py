@@ -10,9 +10,11 @@ forward pass by ``backend.prepare`` and shared by every layer.
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
   cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy): measured
   0.20 vs 0.32 ms per layer at 100 × 512 bge-base shapes (bench/results/*run2-probe.json).
-- ``sdpa_padded``: for the CPU (and fp32 on CUDA). Dense layers stay packed; only attention
-  gathers the tokens into ``[B, H, L, D]`` with a key-padding mask, one SDPA call for the batch.
-  When padding would more than double the attention work, it runs one SDPA call per sequence.
+- ``sdpa_grouped``: for the CPU (and fp32 on CUDA). Dense layers stay packed; attention groups
+  the sequences by exact length and runs one unmasked SDPA call per group on ``[n, H, len, D]``
+  gathered rows: no padding and no mask, so no wasted work. Measured on 2 CPU cores, 200
+  sequences of 8–40 tokens, MiniLM heads: 18 ms per layer against 29–44 ms for one padded,
+  masked call; a batch of equal lengths (or one sequence) is a single call with no gather.
 """
 from __future__ import annotations
 
@@ -25,6 +27,16 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class LengthGroup:
+    """``count`` sequences of ``length`` tokens; ``index`` [count·length] int64 = their token rows
+    in packed order (None: the group is the whole batch, already in order)."""
+
+    length: int
+    count: int
+    index: torch.Tensor | None
+
+
 @dataclass
 class AttnMeta:
     """Per-forward attention metadata. cu_seqlens [B+1] int32 on the model's device."""
@@ -32,11 +44,7 @@ class AttnMeta:
     cu_seqlens: torch.Tensor
     max_seqlen: int
     causal: bool
-    # sdpa_padded only: gather index [B, L] into T, validity [B, L], additive-free bool mask
-    gather_idx: torch.Tensor | None = None
-    valid: torch.Tensor | None = None
-    mask: torch.Tensor | None = None  # [B, 1, L, L] or [B, 1, 1, L] bool, True = attend
-    lengths: list[int] | None = None  # per-sequence path
+    groups: "list[LengthGroup] | None" = None  # sdpa_grouped only
     uniform: bool = False  # varlen only: all sequences have length max_seqlen (cuDNN SDPA path)
 
 
@@ -83,65 +91,59 @@ class VarlenBackend(AttentionBackend):
         return out.transpose(1, 2).reshape(T, H, D)
 
 
-class SdpaPaddedBackend(AttentionBackend):
-    name = "sdpa_padded"
+class SdpaGroupedBackend(AttentionBackend):
+    name = "sdpa_grouped"
 
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
-        cu = cu_seqlens.to(torch.int64)
+        cu = cu_seqlens.to(torch.int64).cpu()
         lengths = cu[1:] - cu[:-1]
-        n = int(lengths.shape[0])
-        L = int(max_seqlen)
-        exact = int((lengths * lengths).sum())
-        tokens = int(cu[-1])
-        # Padding costs B·L² score entries against Σ len² exact; fall back to one call per
-        # sequence only when that waste is large both relatively and against the dense work.
-        if n > 1 and n * L * L > 3 * exact + 64 * tokens:
-            return AttnMeta(cu_seqlens, L, causal, lengths=lengths.tolist())
-        ar = torch.arange(L, device=cu.device)
-        valid = ar[None, :] < lengths[:, None]  # [B, L]
-        idx = torch.where(valid, cu[:-1, None] + ar[None, :], torch.zeros_like(ar)[None, :])
-        mask = valid[:, None, None, :]  # keys
-        if causal:
-            mask = mask & torch.ones(L, L, dtype=torch.bool, device=cu.device).tril()[None, None]
-        return AttnMeta(cu_seqlens, L, causal, gather_idx=idx, valid=valid, mask=mask)
+        order = torch.argsort(lengths, stable=True)
+        sizes, counts = torch.unique_consecutive(lengths[order], return_counts=True)
+        groups: list[LengthGroup] = []
+        start = 0
+        for n, c in zip(sizes.tolist(), counts.tolist()):
+            seqs = order[start:start + c]
+            start += c
+            if n == 0:
+                continue  # empty padding slots own no tokens
+            idx = (cu[seqs][:, None] + torch.arange(n)[None, :]).reshape(-1)
+            groups.append(LengthGroup(n, c, idx.to(cu_seqlens.device)))
+        if len(groups) == 1 and groups[0].count * groups[0].length == int(cu[-1]):
+            groups = [LengthGroup(groups[0].length, groups[0].count, None)]  # one run, in order
+        return AttnMeta(cu_seqlens, int(max_seqlen), causal, groups=groups)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
+        assert meta.groups is not None
         gqa = k.shape[1] != q.shape[1]
-        if meta.lengths is not None:
-            return self._per_sequence(q, k, v, meta, gqa)
-        idx, valid = meta.gather_idx, meta.valid
-        assert idx is not None and valid is not None
-        qp, kp, vp = (x[idx].transpose(1, 2) for x in (q, k, v))  # [B, H, L, D]
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.mask, enable_gqa=gqa)
-        return out.transpose(1, 2)[valid]  # [T, H, D]
+        T, H, D = q.shape
 
-    @staticmethod
-    def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, gqa: bool) -> torch.Tensor:
-        outs = []
-        start = 0
-        assert meta.lengths is not None
-        for n in meta.lengths:
-            sl = slice(start, start + n)
-            qs, ks, vs = (x[sl].transpose(0, 1)[None] for x in (q, k, v))  # [1, H, n, D]
+        def run(g: LengthGroup, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            qs, ks, vs = (x.view(g.count, g.length, x.shape[1], D).transpose(1, 2) for x in xs)  # [n, H, len, D]
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal, enable_gqa=gqa)
-            outs.append(o[0].transpose(0, 1))
-            start += n
-        return torch.cat(outs, 0)
+            return o.transpose(1, 2).reshape(g.count * g.length, H, D)
+
+        if len(meta.groups) == 1 and meta.groups[0].index is None:
+            return run(meta.groups[0], (q, k, v))
+        out = q.new_empty(q.shape)
+        for g in meta.groups:
+            assert g.index is not None
+            out.index_copy_(0, g.index, run(g, tuple(x.index_select(0, g.index) for x in (q, k, v))))
+        return out
 
 
 def select_backend(device: torch.device, dtype: torch.dtype, override: str | None = None) -> AttentionBackend:
-    """Pick the attention backend once: varlen on CUDA with fp16/bf16, padded SDPA otherwise.
+    """Pick the attention backend once: varlen on CUDA with fp16/bf16, length-grouped SDPA otherwise.
 
     Raises ValueError for an unknown override or varlen on a device/dtype it cannot run.
     """
-    name = override or ("varlen" if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) else "sdpa_padded")
+    name = override or ("varlen" if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) else "sdpa_grouped")
     if name == "varlen":
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"varlen attention needs CUDA and fp16/bf16, got {device} {dtype}")
         backend: AttentionBackend = VarlenBackend()
-    elif name == "sdpa_padded":
-        backend = SdpaPaddedBackend()
+    elif name == "sdpa_grouped":
+        backend = SdpaGroupedBackend()
     else:
-        raise ValueError(f"unknown attention backend {name!r}; choose varlen or sdpa_padded")
+        raise ValueError(f"unknown attention backend {name!r}; choose varlen or sdpa_grouped")
     log.info("attention backend: %s (device=%s dtype=%s)", backend.name, device, dtype)
     return backend
