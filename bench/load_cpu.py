@@ -57,6 +57,7 @@ class Tally:
     latencies: list[float] = field(default_factory=list)  # seconds, 200s only
     status: dict[int, int] = field(default_factory=dict)
     lost: int = 0
+    retried: int = 0  # connection-level errors retried once (see client()); each also in ``errors``
     wrong: int = 0
     bad_shape: int = 0
     sent: int = 0
@@ -91,11 +92,25 @@ async def client(http: httpx.AsyncClient, url: str, texts: list[str], refs: np.n
         idx = [rng.randrange(len(texts)) for _ in range(rng.randint(1, 8))]
         tally.sent += 1
         t0 = time.perf_counter()
-        try:
-            r = await http.post(url + "/v1/embeddings", json={"input": [texts[i] for i in idx]})
-        except httpx.HTTPError as e:
+        r = None
+        for attempt in (0, 1):
+            try:
+                r = await http.post(url + "/v1/embeddings", json={"input": [texts[i] for i in idx]})
+                break
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as e:
+                # The connection broke under the request. The recorded cases are anyio's
+                # ClosedResourceError: the socket was closed by this side (httpx's pool, under
+                # 429 churn), not by the server; see docs/reliability.md. Embeddings are idempotent, so retry once like any
+                # HTTP/1.1 client does on a dead pooled connection; count it separately.
+                tally.add_error(f"{type(e).__name__} (attempt {attempt}): cause={e.__cause__!r} "
+                                f"after {time.perf_counter() - t0:.2f}s")
+                if attempt == 0:
+                    tally.retried += 1
+            except httpx.HTTPError as e:  # timeouts etc.: not retried
+                tally.add_error(f"{type(e).__name__}: {e!r}")
+                break
+        if r is None:
             tally.lost += 1
-            tally.add_error(f"{type(e).__name__}: {e}")
             continue
         dt = time.perf_counter() - t0
         tally.status[r.status_code] = tally.status.get(r.status_code, 0) + 1
@@ -139,7 +154,7 @@ def verdict(tally: Tally, allow_429: bool) -> list[str]:
 def summary(tally: Tally, wall: float) -> dict[str, Any]:
     lat = np.asarray(tally.latencies) * 1000 if tally.latencies else np.zeros(1)
     return {"sent": tally.sent, "status": {str(k): v for k, v in sorted(tally.status.items())}, "lost": tally.lost,
-            "wrong": tally.wrong, "wall_s": round(wall, 1), "ok_per_s": round(tally.status.get(200, 0) / wall, 1),
+            "retried": tally.retried, "wrong": tally.wrong, "wall_s": round(wall, 1), "ok_per_s": round(tally.status.get(200, 0) / wall, 1),
             "p50_ms": round(float(np.percentile(lat, 50)), 1), "p99_ms": round(float(np.percentile(lat, 99)), 1),
             "max_ms": round(float(lat.max()), 1), "errors": tally.errors[:5]}
 

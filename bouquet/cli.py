@@ -64,6 +64,8 @@ def serve(
     gateway_workers: int = typer.Option(1, help="Gateway worker processes (tokenization is CPU-bound); all share the replicas."),
     max_request_bytes: int = typer.Option(2 * 1024 * 1024, help="Largest accepted request body (bytes)."),
     max_inputs: int = typer.Option(4096, help="Most inputs per request."),
+    timeout_keep_alive: float = typer.Option(75.0, help="Close idle HTTP keep-alive connections after this many "
+                                             "seconds (keep it above your clients' idle expiry)."),
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
     no_truncate: bool = typer.Option(False, "--no-truncate", help="Refuse over-long inputs by default instead of truncating."),
     enforce_eager: bool = _ENFORCE_EAGER,
@@ -80,7 +82,7 @@ def serve(
         device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
         max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens, replicas=replicas,
         gpus=gpu_list, servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
-        max_request_bytes=max_request_bytes, max_inputs=max_inputs, api_key=api_key, truncate=not no_truncate,
+        max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive, api_key=api_key, truncate=not no_truncate,
         enforce_eager=enforce_eager, log_level=log_level,
     )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -47,6 +47,11 @@ class ServeConfig:
     gateway_workers: int = 1
     chunk_tokens: int = 8192  # a large request is split into chunks of about this many tokens
     max_request_bytes: int = 2 * 1024 * 1024
+    # Idle keep-alive connections are closed after this many seconds. It must exceed the clients'
+    # own idle expiry (httpx 5 s, aiohttp 15 s): with equal timers (uvicorn's default is 5 s, the
+    # same as httpx's) a client can send on a connection at the moment the server closes it, and
+    # that request gets no reply (ReadError). 75 s is nginx's default.
+    timeout_keep_alive: float = 75.0
     max_inputs: int = 4096
     api_key: str | None = None
     truncate: bool = True  # default for requests that do not say
@@ -77,6 +82,8 @@ class ServeConfig:
             raise ConfigError(f"--gateway-workers must be >= 1, got {self.gateway_workers}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        if not self.timeout_keep_alive > 0:
+            raise ConfigError(f"--timeout-keep-alive must be > 0, got {self.timeout_keep_alive}")
         if self.max_inputs < 1:
             raise ConfigError(f"--max-inputs must be >= 1, got {self.max_inputs}")
         if self.interactive_max_tokens < 0:

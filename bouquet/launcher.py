@@ -100,7 +100,8 @@ def serve(cfg: ServeConfig) -> int:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
-    common = dict(host=cfg.host, port=cfg.port, loop=loop, log_level=cfg.log_level, access_log=False)
+    common = dict(host=cfg.host, port=cfg.port, loop=loop, log_level=cfg.log_level, access_log=False,
+                  timeout_keep_alive=cfg.timeout_keep_alive)  # see ServeConfig: above client idle expiry
     if cfg.gateway_workers > 1:
         from uvicorn.supervisors import Multiprocess
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import numpy as np
@@ -94,3 +95,20 @@ class BouquetProcess:
         data = r.json()["data"]
         assert [d["index"] for d in data] == list(range(len(data)))
         return np.asarray([d["embedding"] for d in data], dtype=np.float32)
+
+
+def cross_encoder_reference(model_dir: Path | str, max_length: int) -> Callable[[list[str], list[str]], np.ndarray]:
+    """transformers' BertForSequenceClassification logits for (query, doc) pairs, pair-encoded and
+    truncated on the document side, as the server does: the reference for rerank / score."""
+    import torch
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(model_dir)
+    model = tf.BertForSequenceClassification.from_pretrained(model_dir).eval()
+
+    def logits(queries: list[str], docs: list[str]) -> np.ndarray:
+        enc = tok(queries, docs, padding=True, truncation="only_second", max_length=max_length, return_tensors="pt")
+        with torch.no_grad():
+            return model(**enc).logits[:, 0].double().numpy()
+
+    return logits

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from helpers import BouquetProcess, cosine_rows, read_sts
+from helpers import BouquetProcess, cosine_rows, cross_encoder_reference, read_sts
 
 QUERY = "what do cats eat"
 DOCS = ["Cats are obligate carnivores and eat meat.", "The stock market fell today.",
@@ -47,18 +47,7 @@ def cross_server(cross_dir):
 @pytest.fixture(scope="module")
 def reference(cross_dir):
     """transformers' logits for (QUERY, doc) pairs, pair-encoded and truncated on the document side."""
-    import torch
-    import transformers as tf
-
-    tok = tf.AutoTokenizer.from_pretrained(cross_dir)
-    model = tf.BertForSequenceClassification.from_pretrained(cross_dir).eval()
-
-    def logits(queries: list[str], docs: list[str]) -> np.ndarray:
-        enc = tok(queries, docs, padding=True, truncation="only_second", max_length=MAX_POS, return_tensors="pt")
-        with torch.no_grad():
-            return model(**enc).logits[:, 0].double().numpy()
-
-    return logits
+    return cross_encoder_reference(cross_dir, MAX_POS)
 
 
 def post(srv, path: str, body: dict) -> httpx.Response:
