@@ -7,10 +7,16 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
+# Serving needs the core dependencies only; the test extra adds the references
+# (transformers, sentence-transformers, openai, ray, schemathesis, ...).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
 	touch $@
 
@@ -20,8 +26,8 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(VENV)/bin/bouquet serve $(ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(ARGS)
 
-bench-cpu: $(VENV)/.installed
+bench-cpu: $(VENV)/.installed-test
 	$(PY) bench/cpu_sts.py
