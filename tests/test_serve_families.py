@@ -1,0 +1,38 @@
+"""`bouquet serve --model DIR` serves the other embedding families end to end (XLM-R and
+bidirectional Qwen3; BERT and causal Qwen3 have their own tests): vectors over real HTTP equal the
+in-process engine's on the gateway's own token ids. The engine is checked against transformers in
+test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
+from bouquet.engine.pooling import finalize
+from bouquet.gateway.tokenization import TextTokenizer
+from bouquet.modelspec import load_spec
+from helpers import BouquetProcess, cosine_rows
+from tests.fixtures.tiny_models import make_tiny_model
+
+TEXTS = ["hello world", "a somewhat longer sentence about search and ranking", "x"]
+
+
+@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir"])
+def test_serve_family_over_http(kind, tmp_path):
+    model_dir = make_tiny_model(kind, tmp_path / kind)
+    spec = load_spec(str(model_dir))
+    enc = TextTokenizer(spec).encode(TEXTS)
+    with torch.inference_mode():
+        ref = finalize(Engine(spec, "cpu", "float32").step(Batch.pack(enc.ids)).wait(), spec.normalize, None)
+    srv = BouquetProcess("--model", str(model_dir), "--log-level", "warning")
+    try:
+        got = srv.vectors(TEXTS)
+        assert got.shape == (len(TEXTS), spec.dimension)
+        assert cosine_rows(got, ref).min() >= 0.9999
+        assert cosine_rows(got[:-1], got[1:]).max() < 0.999  # different texts, different vectors
+        r = srv.embed(TEXTS)
+        assert r.json()["usage"]["prompt_tokens"] == enc.num_tokens
+    finally:
+        srv.stop()
