@@ -21,6 +21,47 @@ def test_add_layer_norm_matches_pytorch() -> None:
         torch.testing.assert_close(add_layer_norm(x, r, ln).float(), layer_norm_reference(x, r, ln), atol=3e-2, rtol=2e-2)
 
 
+def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Within about one bf16 rounding step of the values' size."""
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=3e-2, rtol=2e-2)
+
+
+def test_add_rms_norm_matches_pytorch() -> None:
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import add_rms_norm
+
+    norm = RMSNorm(1024, 1e-6).to("cuda", torch.bfloat16)
+    torch.nn.init.normal_(norm.weight)
+    for T in (1, 130, 4096):
+        x, r = (torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out, s = add_rms_norm(x, norm, r)
+        assert torch.equal(s, x + r)  # the residual stream is HF's bf16 sum exactly
+        _bf16_close(out, norm(x + r))
+        out0, s0 = add_rms_norm(x, norm)
+        assert s0 is x
+        _bf16_close(out0, norm(x))
+
+
+def test_qk_norm_rope_and_silu_mul_match_the_cpu_path() -> None:
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import qk_norm_rope, rope_tables, silu_mul
+
+    nq, nkv, D, T = 16, 8, 128, 300
+    qn, kn = (RMSNorm(D, 1e-6).to("cuda", torch.bfloat16) for _ in range(2))
+    for n in (qn, kn):
+        torch.nn.init.normal_(n.weight)
+    qkv = torch.randn(T, (nq + 2 * nkv) * D, device="cuda", dtype=torch.bfloat16)
+    pos = torch.cat([torch.arange(200), torch.arange(100)]).to("cuda", torch.int32)
+    cos, sin = rope_tables(pos, D, 1e6)
+    want = qk_norm_rope(qkv.cpu(), qn.cpu(), kn.cpu(), cos.cpu(), sin.cpu(), nq, nkv, D)
+    got = qk_norm_rope(qkv.clone(), qn, kn, cos, sin, nq, nkv, D)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        _bf16_close(g, w)
+    gu = torch.randn(T, 2 * 3072, device="cuda", dtype=torch.bfloat16)
+    _bf16_close(silu_mul(gu), torch.nn.functional.silu(gu[:, :3072]) * gu[:, 3072:])
+
+
 def test_uniform_cudnn_attention_matches_varlen() -> None:
     from bouquet.engine.attention import VarlenBackend
 
@@ -46,14 +87,17 @@ def _tokenizer() -> Path:
         return p
 
 
-def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path) -> None:
-    from bouquet.bench.models import SHAPES, make_model_dir
+@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny"])
+def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir, tiny
     from bouquet.engine.batch import Batch
     from bouquet.engine.buckets import bucket_for
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
 
-    model_dir = make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer())
+    # qwen3-tiny: 2 layers, head_dim 32 (fused RMSNorm / q-k norm + rotary / SiLU kernels)
+    s = tiny(SHAPES["qwen3-0.6b"], hidden=128) if shape == "qwen3-tiny" else SHAPES[shape]
+    model_dir = make_model_dir(s, tmp_path, _tokenizer())
     eng = Engine(load_spec(str(model_dir)), "cuda", graphs=GraphOptions(debug=True))
     rng = np.random.default_rng(0)
     seen = set()

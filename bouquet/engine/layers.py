@@ -1,9 +1,8 @@
-"""Building blocks shared by the model files: activations, RMSNorm, rotary embeddings, and
-weight fusion. Nothing here knows about requests, padding or pooling.
+"""Building blocks shared by the model files: activations, RMSNorm, the rotary base, and
+weight fusion. Nothing here knows about requests, padding or pooling (fused kernels: ops.py).
 
-Sources followed: RMSNorm and rotary as in ``transformers/models/qwen3/modeling_qwen3.py``
-(``Qwen3RMSNorm``, ``rotate_half``/``apply_rotary_pos_emb``), computed in the same precision
-order so that bf16 results agree with the reference.
+Sources followed: RMSNorm as in ``transformers/models/qwen3/modeling_qwen3.py``
+(``Qwen3RMSNorm``), computed in the same precision order so that bf16 results agree with it.
 """
 from __future__ import annotations
 
@@ -55,34 +54,6 @@ def rope_theta(cfg: dict[str, Any]) -> float:
     if kind != "default":
         raise ValueError(f"rope_type {kind!r} is not supported; only 'default' rotary embeddings are")
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding with per-token positions (packed batches: each sequence's
-    positions restart at 0, taken from ``Batch.position_ids``).
-
-    ``cos_sin(position_ids [T] int64, dtype)`` → (cos, sin) [T, 1, head_dim] in ``dtype``;
-    ``apply(x [T, H, head_dim], cos, sin)`` → rotated x, same shape and dtype.
-    """
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
-
-    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # Built per call from positions (cheap next to the layers) so no table needs loading.
-        inv = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=position_ids.device,
-                                                  dtype=torch.int64).float() / self.head_dim))
-        freqs = position_ids.float()[:, None] * inv[None, :]  # [T, head_dim/2] fp32
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, head_dim]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
 
 
 def fuse_linears(*mods: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,25 +1,45 @@
 """Fused device kernels used by the models, each with a plain-PyTorch fallback.
 
-``add_layer_norm(x, residual, ln)``: LayerNorm(x + residual) in one pass (one kernel instead of
-an add and a norm). Measured on an H200 with bge-base shapes (bench/results/*run2-probe.json):
-eager add + LayerNorm 0.166 ms at 51,200 × 768 bf16, a fused kernel 0.109 ms; at batch 1 it
-saves a launch per use (2 per layer). The Triton kernel accumulates in fp32, as PyTorch's
-LayerNorm does; the add is not rounded to bf16 first, which only makes it slightly more exact.
+- ``add_layer_norm(x, residual, ln)``: LayerNorm(x + residual) in one pass (BERT, XLM-R).
+  Measured on an H200 with bge-base shapes (bench/results/*run2-probe.json): eager add +
+  LayerNorm 0.166 ms at 51,200 × 768 bf16, fused 0.109 ms; at batch 1 it saves a launch per use.
+- ``add_rms_norm(x, norm, residual)``: the pre-norm decoder's "residual add, then RMSNorm" in one
+  pass, returning both the normed rows and the new residual stream (Qwen3).
+- ``qk_norm_rope(qkv, ...)``: per-head q/k RMSNorm and rotary embedding in one pass, in place in
+  the fused QKV projection's output (Qwen3).
+- ``silu_mul(gate_up)``: SiLU(gate) · up of the fused gate/up projection (Qwen3's MLP).
 
-What this module does not own: choosing to use it (models call it; it falls back by itself on
-the CPU, in fp32, or when Triton is missing).
+Why: at batch 1 a Qwen3-0.6B forward pass was ~1,700 kernels (fp32 RMSNorm, rotary and the
+SiLU gate as separate elementwise passes, ~60 a layer); the replay time is mostly their launch
+latency, and at large batches each is a full memory pass over [T, hidden] in fp32.
+
+Precision follows Hugging Face's modules (``Qwen3RMSNorm``, ``apply_rotary_pos_emb``, ``BertLayer``):
+statistics in fp32; where HF rounds to the model dtype between steps (the residual sum, the
+normalized row before the weight multiply, the SiLU output) the kernels round at the same place.
+Rotary is computed in fp32 from fp32 cos/sin tables and rounded once (HF rounds cos/sin and each
+product to bf16 first): the kernels are slightly more exact, never less.
+
+What this module does not own: choosing to use a kernel (models call these; each falls back by
+itself on the CPU, in fp32, or when Triton is missing).
 """
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+if TYPE_CHECKING:
+    from bouquet.engine.layers import RMSNorm
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16)
+
 
 @functools.lru_cache(maxsize=1)
-def _triton_kernel():  # type: ignore[no-untyped-def]
-    """Build the Triton kernel on first use (no import-time probing); None when unavailable."""
+def _kernels() -> SimpleNamespace | None:
+    """Build the Triton kernels on first use (no import-time probing); None when unavailable."""
     try:
         import triton
         import triton.language as tl
@@ -41,7 +61,63 @@ def _triton_kernel():  # type: ignore[no-untyped-def]
         b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * n_cols + cols, (y * w + b).to(out_ptr.dtype.element_ty), mask=mask)
 
-    return add_ln_kernel, triton.next_power_of_2
+    @triton.jit
+    def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
+                       HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        dt = out_ptr.dtype.element_ty
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            s = (x + tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dt)
+            tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
+            x = s.to(tl.float32)  # HF normalizes the rounded sum
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x * rstd).to(dt).to(tl.float32) * w
+        tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
+
+    @triton.jit
+    def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, eps, HALF: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        cols = tl.arange(0, HALF)
+        dt = qkv_ptr.dtype.element_ty
+        ptr = qkv_ptr + t * row_stride + h * (2 * HALF)
+        x1 = tl.load(ptr + cols).to(tl.float32)
+        x2 = tl.load(ptr + HALF + cols).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+        w = w_ptr + (h >= n_q_heads).to(tl.int32) * (2 * HALF)  # row 0: q_norm, row 1: k_norm
+        y1 = ((x1 * rstd).to(dt).to(tl.float32) * tl.load(w + cols).to(tl.float32)).to(dt).to(tl.float32)
+        y2 = ((x2 * rstd).to(dt).to(tl.float32) * tl.load(w + HALF + cols).to(tl.float32)).to(dt).to(tl.float32)
+        c = tl.load(cos_ptr + t * HALF + cols)
+        s = tl.load(sin_ptr + t * HALF + cols)
+        tl.store(ptr + cols, (y1 * c - y2 * s).to(dt))  # in place: this program read its head already
+        tl.store(ptr + HALF + cols, (y2 * c + y1 * s).to(dt))
+
+    @triton.jit
+    def silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        dt = out_ptr.dtype.element_ty
+        g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # HF rounds the activation first
+        tl.store(out_ptr + row * n_cols + cols, (a * u).to(dt), mask=mask)
+
+    return SimpleNamespace(add_ln=add_ln_kernel, add_rms=add_rms_kernel, qk_norm_rope=qk_norm_rope_kernel,
+                           silu_mul=silu_mul_kernel, next_pow2=triton.next_power_of_2)
+
+
+def _fused(x: torch.Tensor) -> SimpleNamespace | None:
+    """The kernels when ``x`` can use them (CUDA, fp16/bf16, Triton present), else None."""
+    return _kernels() if x.is_cuda and x.dtype in _FUSED_DTYPES else None
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 1024 else 8
 
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
@@ -49,20 +125,99 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNo
 
     Fused on CUDA for fp16/bf16 (no host sync, CUDA-graph safe); eager PyTorch otherwise.
     """
-    kernel = _triton_kernel() if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) else None
-    if kernel is None or ln.weight is None or ln.bias is None or x.dim() != 2 or x.shape[1] > 8192:
+    k = _fused(x)
+    if k is None or ln.weight is None or ln.bias is None or x.dim() != 2 or x.shape[1] > 8192:
         return ln(x + residual)
-    fn, next_pow2 = kernel
     x, residual = x.contiguous(), residual.contiguous()
     out = torch.empty_like(x)
     if x.shape[0] == 0:
         return out
-    block = next_pow2(x.shape[1])
-    fn[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, x.shape[1], ln.eps, BLOCK=block,
-                      num_warps=4 if block <= 1024 else 8)
+    block = k.next_pow2(x.shape[1])
+    k.add_ln[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, x.shape[1], ln.eps, BLOCK=block, num_warps=_warps(block))
     return out
 
 
 def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
     """What ``add_layer_norm`` computes, in fp32 PyTorch (for tests)."""
     return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
+
+
+def add_rms_norm(x: torch.Tensor, norm: "RMSNorm", residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
+    (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype.
+
+    One kernel on CUDA for fp16/bf16; the eager fallback is ``norm(s)`` (HF ``Qwen3RMSNorm``).
+    """
+    k = _fused(x)
+    if k is None or x.dim() != 2 or x.shape[1] > 8192:
+        s = x if residual is None else x + residual
+        return norm(s), s
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    s = torch.empty_like(x) if residual is not None else x
+    if x.shape[0] == 0:
+        return out, s
+    block = k.next_pow2(x.shape[1])
+    r = residual.contiguous() if residual is not None else x
+    k.add_rms[(x.shape[0],)](x, r, norm.weight, out, s, x.shape[1], norm.eps, HAS_RES=residual is not None,
+                             BLOCK=block, num_warps=_warps(block))
+    return out, s
+
+
+def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids [T] int → (cos, sin) [T, head_dim/2] float32: angle p · θ^(−2j/head_dim).
+    Built once per forward pass and shared by every layer (HF ``Qwen3RotaryEmbedding``)."""
+    j = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.int64).float()
+    inv = 1.0 / (theta ** (j / head_dim))  # [head_dim/2] fp32, HF's formula
+    freqs = position_ids.float()[:, None] * inv[None, :]
+    return freqs.cos(), freqs.sin()
+
+
+def qk_norm_rope(qkv: torch.Tensor, q_norm: "RMSNorm", k_norm: "RMSNorm", cos: torch.Tensor, sin: torch.Tensor,
+                 n_q: int, n_kv: int, head_dim: int, qk_weight: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused QKV rows [T, (n_q + 2·n_kv)·head_dim] → (q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]):
+    per-head RMSNorm of q and k (``q_norm``/``k_norm``), then rotary embedding (rotate-half
+    convention, cos/sin from ``rope_tables``). v is untouched.
+
+    On CUDA (fp16/bf16, power-of-two head_dim) one kernel rewrites q and k in place inside
+    ``qkv``, and q/k/v are views of it; ``qk_weight`` [2, D] = stacked q_norm/k_norm weights
+    (built at load time; derived here when None). Elsewhere: eager PyTorch, new tensors.
+    """
+    T = qkv.shape[0]
+    nq, nkv = n_q * head_dim, n_kv * head_dim
+    k = _fused(qkv)
+    if k is not None and qkv.dim() == 2 and qkv.stride(1) == 1 and head_dim >= 16 and head_dim & (head_dim - 1) == 0:
+        if qk_weight is None:
+            qk_weight = torch.stack((q_norm.weight, k_norm.weight))
+        if T:
+            k.qk_norm_rope[(T, n_q + n_kv)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, q_norm.eps,
+                                           HALF=head_dim // 2, num_warps=1 if head_dim <= 128 else 2)
+        q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
+        return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
+    q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
+    c = torch.cat((cos, cos), dim=-1)[:, None, :].to(qkv.dtype)  # [T, 1, D], HF's bf16 tables
+    s = torch.cat((sin, sin), dim=-1)[:, None, :].to(qkv.dtype)
+    q = _rotate(q_norm(q.reshape(T, n_q, head_dim)), c, s)
+    kk = _rotate(k_norm(kk.reshape(T, n_kv, head_dim)), c, s)
+    return q, kk, v.reshape(T, n_kv, head_dim)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2·I] (gate rows first, then up) → SiLU(gate) · up [T, I], same dtype."""
+    k = _fused(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    if k is None or gate_up.dim() != 2:
+        return F.silu(gate) * up
+    gate_up = gate_up.contiguous()
+    T, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty((T, n))
+    if T:
+        block = min(1024, k.next_pow2(n))
+        k.silu_mul[(T, -(-n // block))](gate_up, out, n, BLOCK=block, num_warps=4)
+    return out

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.layers import RMSNorm, Rotary, activation, fuse_linears, rope_theta
+from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
+from bouquet.engine.ops import add_rms_norm, qk_norm_rope, rope_tables, silu_mul
 from bouquet.modelspec import is_causal
 
 
@@ -37,19 +38,22 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps)
         self.k_norm = RMSNorm(self.head_dim, eps)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+        self.qk_weight: torch.Tensor | None = None  # [2, head_dim]: q_norm, k_norm weights; set by fuse()
+
+    def fuse(self) -> None:
+        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qk_weight = torch.stack((self.q_norm.weight.detach(), self.k_norm.weight.detach()))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
-        """x [T, hidden] → [T, hidden]; cos/sin [T, 1, head_dim] in x's dtype."""
+        """x [T, hidden] → [T, hidden]; cos/sin [T, head_dim/2] float32 (``ops.rope_tables``)."""
         T = x.shape[0]
-        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if self.qkv is not None:
-            q, k, v = F.linear(x, *self.qkv).split((nq, nkv, nkv), dim=-1)
+            qkv = F.linear(x, *self.qkv)  # [T, (H + 2·Hkv)·D]
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = Rotary.apply(self.q_norm(q.view(T, self.num_heads, self.head_dim)), cos, sin)
-        k = Rotary.apply(self.k_norm(k.view(T, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        return self.o_proj(attn.attend(q, k, v, meta).reshape(T, nq))
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
+                               self.head_dim, self.qk_weight)
+        return self.o_proj(attn.attend(q, k, v, meta).reshape(T, self.num_heads * self.head_dim))
 
 
 class Qwen3MLP(nn.Module):
@@ -59,15 +63,16 @@ class Qwen3MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
-        self.act = activation(cfg.get("hidden_act", "silu"))
+        if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(f"Qwen3 MLP activation {cfg.get('hidden_act')!r} is not supported; only silu")
         self.gate_up: torch.Tensor | None = None  # [2i, h], set by fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            gate_up = F.linear(x, self.gate_up)  # [T, 2i]
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        return self.down_proj(silu_mul(gate_up))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -80,13 +85,18 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(cfg)
 
     def fuse(self) -> None:
-        a = self.self_attn
-        a.qkv = fuse_linears(a.q_proj, a.k_proj, a.v_proj)
+        self.self_attn.fuse()
         self.mlp.gate_up = fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)[0]
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionBackend, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) [T, hidden] → (this layer's MLP output, the residual stream before it).
+
+        The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);
+        the sums are the same bf16 values HF's ``residual + hidden_states`` produces."""
+        h, residual = add_rms_norm(x, self.input_layernorm, residual)
+        h, residual = add_rms_norm(self.self_attn(h, cos, sin, attn, meta), self.post_attention_layernorm, residual)
+        return self.mlp(h), residual
 
 
 class Qwen3Model(nn.Module):
@@ -108,7 +118,7 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        self.rotary = Rotary(head_dim, rope_theta(cfg))
+        self.head_dim, self.rope_theta = head_dim, rope_theta(cfg)
         self.attn = attn
         self.causal = is_causal(cfg)
 
@@ -119,10 +129,11 @@ class Qwen3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor:
         """ids/positions [T] int64 (token types ignored) → hidden [T, hidden] in the model dtype."""
         x = self.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.rotary.cos_sin(position_ids, x.dtype)
+        cos, sin = rope_tables(position_ids, self.head_dim, self.rope_theta)  # [T, head_dim/2] fp32
+        residual = None
         for layer in self.layers:
-            x = layer(x, cos, sin, self.attn, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, self.attn, meta)
+        return add_rms_norm(x, self.norm, residual)[0]
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         return pooled  # [B, hidden]
