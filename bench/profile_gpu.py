@@ -75,7 +75,8 @@ def measure(engine, fused: bool, host_profile: bool) -> dict:  # type: ignore[no
             ret.append((t1 - t0) * 1e3)
             wait.append((time.perf_counter() - t0) * 1e3)
         g = next(v for b, v in engine.graphs.lazy.graphs.items() if b.seqs == 1 and b.tokens >= L and b.max_seqlen >= L)
-        n, total, _ = kernel_table(g.graph.replay)
+        n, total, top = kernel_table(g.graph.replay)
+        R[f"b1_L{L}_top"] = top
         R[f"b1_L{L}"] = {"step_return_p50_ms": round(statistics.median(ret), 4),
                          "wait_p50_ms": round(statistics.median(wait), 4),
                          "wait_p99_ms": round(float(np.percentile(wait, 99)), 4),
@@ -108,6 +109,46 @@ def measure(engine, fused: bool, host_profile: bool) -> dict:  # type: ignore[no
     return R
 
 
+def attention_probe() -> dict:
+    """ms per call, Qwen3-0.6B heads (16 q / 8 kv × 128), causal, 32 × 512 and 1 × 128 tokens."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.varlen import varlen_attn
+
+    R: dict = {}
+    for B, L in ((32, 512), (1, 128)):
+        q = torch.randn(B * L, 16, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B * L, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        cu = torch.arange(0, B * L + 1, L, device="cuda", dtype=torch.int32)
+        qp, kp, vp = (x.view(B, L, x.shape[1], 128).transpose(1, 2) for x in (q, k, v))
+
+        def rep() -> torch.Tensor:
+            kr, vr = (x.repeat_interleave(2, dim=1) for x in (kp, vp))
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(qp, kr, vr, is_causal=True)
+
+        def gqa(backend):  # type: ignore[no-untyped-def]
+            def f() -> torch.Tensor:
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+            return f
+
+        variants = {"cudnn_repeat": rep, "cudnn_gqa": gqa(SDPBackend.CUDNN_ATTENTION),
+                    "flash_gqa": gqa(SDPBackend.FLASH_ATTENTION),
+                    "varlen": lambda: varlen_attn(q, k, v, cu, cu, L, L, window_size=(-1, 0))}
+        ref = variants["varlen"]().float()
+        for name, fn in variants.items():
+            try:
+                out = fn()
+                if out.dim() == 4:
+                    out = out.transpose(1, 2).reshape(B * L, 16, 128)
+                R[f"{B}x{L}_{name}_ms"] = round(gpu_ms(fn, 20), 4)
+                R[f"{B}x{L}_{name}_maxdiff"] = round((out.float() - ref).abs().max().item(), 4)
+            except Exception as e:  # noqa: BLE001 - the probe reports what is unsupported
+                R[f"{B}x{L}_{name}_error"] = str(e)[:200]
+    return R
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
@@ -124,7 +165,8 @@ def main() -> None:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     real_fused = ops._fused
-    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "attention": attention_probe()}
+    print(json.dumps(res["attention"], indent=1), flush=True)
     for name in a.shapes:
         spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root), Path(a.tokenizer))))
         for fused in (True, False):

@@ -1,6 +1,8 @@
 """GPU fast path: graph == eager for every captured bucket, fused kernels == PyTorch (CUDA only)."""
 from __future__ import annotations
 
+import copy
+
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +55,8 @@ def test_qk_norm_rope_and_silu_mul_match_the_cpu_path() -> None:
     qkv = torch.randn(T, (nq + 2 * nkv) * D, device="cuda", dtype=torch.bfloat16)
     pos = torch.cat([torch.arange(200), torch.arange(100)]).to("cuda", torch.int32)
     cos, sin = rope_tables(pos, D, 1e6)
-    want = qk_norm_rope(qkv.cpu(), qn.cpu(), kn.cpu(), cos.cpu(), sin.cpu(), nq, nkv, D)
+    qn_cpu, kn_cpu = (copy.deepcopy(n).cpu() for n in (qn, kn))  # Module.cpu() moves in place
+    want = qk_norm_rope(qkv.cpu(), qn_cpu, kn_cpu, cos.cpu(), sin.cpu(), nq, nkv, D)
     got = qk_norm_rope(qkv.clone(), qn, kn, cos, sin, nq, nkv, D)
     for g, w in zip(got, want):
         assert g.shape == w.shape

@@ -79,22 +79,25 @@ def _kernels() -> SimpleNamespace | None:
         tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
 
     @triton.jit
-    def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, eps, HALF: tl.constexpr):
+    def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
+                            HALF: tl.constexpr, HEADS: tl.constexpr):
+        # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
-        cols = tl.arange(0, HALF)
+        heads = tl.arange(0, HEADS)[:, None]
+        cols = tl.arange(0, HALF)[None, :]
+        mask = (heads < n_heads) & (cols < HALF)
         dt = qkv_ptr.dtype.element_ty
-        ptr = qkv_ptr + t * row_stride + h * (2 * HALF)
-        x1 = tl.load(ptr + cols).to(tl.float32)
-        x2 = tl.load(ptr + HALF + cols).to(tl.float32)
-        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-        w = w_ptr + (h >= n_q_heads).to(tl.int32) * (2 * HALF)  # row 0: q_norm, row 1: k_norm
-        y1 = ((x1 * rstd).to(dt).to(tl.float32) * tl.load(w + cols).to(tl.float32)).to(dt).to(tl.float32)
-        y2 = ((x2 * rstd).to(dt).to(tl.float32) * tl.load(w + HALF + cols).to(tl.float32)).to(dt).to(tl.float32)
+        ptr = qkv_ptr + t * row_stride + heads * (2 * HALF) + cols
+        x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w = w_ptr + (heads >= n_q_heads).to(tl.int32) * (2 * HALF) + cols  # row 0: q_norm, row 1: k_norm
+        y1 = ((x1 * rstd).to(dt).to(tl.float32) * tl.load(w).to(tl.float32)).to(dt).to(tl.float32)
+        y2 = ((x2 * rstd).to(dt).to(tl.float32) * tl.load(w + HALF).to(tl.float32)).to(dt).to(tl.float32)
         c = tl.load(cos_ptr + t * HALF + cols)
         s = tl.load(sin_ptr + t * HALF + cols)
-        tl.store(ptr + cols, (y1 * c - y2 * s).to(dt))  # in place: this program read its head already
-        tl.store(ptr + HALF + cols, (y2 * c + y1 * s).to(dt))
+        tl.store(ptr, (y1 * c - y2 * s).to(dt), mask=mask)  # in place: this program read its token already
+        tl.store(ptr + HALF, (y2 * c + y1 * s).to(dt), mask=mask)
 
     @triton.jit
     def silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
@@ -191,8 +194,9 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: "RMSNorm", k_norm: "RMSNorm", cos: t
         if qk_weight is None:
             qk_weight = torch.stack((q_norm.weight, k_norm.weight))
         if T:
-            k.qk_norm_rope[(T, n_q + n_kv)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, q_norm.eps,
-                                           HALF=head_dim // 2, num_warps=1 if head_dim <= 128 else 2)
+            heads = k.next_pow2(n_q + n_kv)
+            k.qk_norm_rope[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv, q_norm.eps,
+                                 HALF=head_dim // 2, HEADS=heads, num_warps=4 if heads * head_dim <= 4096 else 8)
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
