@@ -90,6 +90,15 @@ def measure(engine, fused: bool, host_profile: bool) -> dict:  # type: ignore[no
             s = io.StringIO()
             pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
             R["host_profile_b1_L128"] = s.getvalue()[-6000:]
+    engine.spin_wait = True
+    batch = Batch.pack([rng.integers(1000, vocab, size=128, dtype=np.int32)])
+    spin = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        engine.step(batch).wait()
+        spin.append((time.perf_counter() - t0) * 1e3)
+    engine.spin_wait = False
+    R["b1_L128_spin_wait_p50_ms"] = round(statistics.median(spin[20:]), 4)
     big = Batch.pack([rng.integers(1000, vocab, size=512, dtype=np.int32) for _ in range(32)])
     n, total, top = kernel_table(lambda: engine.forward(big))
     R["eager_32x512"] = {"gpu_ms": round(gpu_ms(lambda: engine.forward(big), 10), 3), "kernels": n,

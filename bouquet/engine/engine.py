@@ -109,8 +109,10 @@ class Engine:
     """
 
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
-                 state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None) -> None:
+                 state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
+                 spin_wait: bool = False) -> None:
         t0 = time.perf_counter()
+        self.spin_wait = spin_wait
         self.spec = spec
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -156,6 +158,8 @@ class Engine:
         """Device-only forward: int32 [T] ids/pos/types/segment ids, cu [S+1] → [S, out_dim] float32.
         No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend).
         ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
+        if self.causal and cu.shape[0] == 2 and self.attn.name == "varlen":
+            uniform, max_seqlen = True, ids.shape[0]  # one causal sequence + trailing padding: exact
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
         return self.model.head(pool_static(hidden, seg, cu, self.spec.pooling)).float()
@@ -167,7 +171,7 @@ class Engine:
         if dev.type == "cuda":
             host = pack_inputs(batch, batch.num_tokens, batch.num_seqs)
             ids, pos, tt, seg, cu = input_views(host.to(dev, non_blocking=True), batch.num_tokens, batch.num_seqs)
-            uniform = batch.num_seqs > 1 and batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
+            uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
             return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)
         ids = torch.from_numpy(batch.input_ids).long()
         pos = torch.from_numpy(batch.position_ids).long()
@@ -202,7 +206,9 @@ class Engine:
         b = batch.num_seqs
         host = torch.empty((b, out.shape[1]), dtype=torch.float32, pin_memory=True)
         host.copy_(out[:b], non_blocking=True)
-        ev = torch.cuda.Event(blocking=True)
+        # spin_wait: the waiting thread spins (GIL released) instead of sleeping until the device
+        # interrupts; it wakes sooner at batch 1 and costs one busy core while a batch runs.
+        ev = torch.cuda.Event(blocking=not self.spin_wait)
         ev.record()
         return PendingResult(host.numpy(), ev, keepalive=(host, host_in, out))
 
