@@ -53,7 +53,7 @@ class EngineTarget(Target):
         from bouquet.modelspec import load_spec
 
         self.spec = load_spec(str(model_dir))
-        self.engine = Engine(self.spec, device, graphs=GraphOptions(enabled=not eager))
+        self.engine = Engine(self.spec, device, graphs=GraphOptions(enabled=not eager), spin_wait=True)
         self.engine.warmup()
         self.name = "bouquet-engine" + ("-eager" if eager else "")
         self._lock = threading.Lock()

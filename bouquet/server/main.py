@@ -77,7 +77,8 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    engine = await asyncio.to_thread(lambda: Engine(spec, str(dev), cfg.dtype, graphs=GraphOptions.from_config(cfg)))
+    engine = await asyncio.to_thread(lambda: Engine(spec, str(dev), cfg.dtype, graphs=GraphOptions.from_config(cfg),
+                                                    spin_wait=cfg.spin_wait))
     await asyncio.to_thread(engine.warmup)
     service.attach(engine, engine.info)
     log.info("server: ready (%s, %s, attention=%s)", engine.info.device, engine.info.dtype, engine.info.attention)
