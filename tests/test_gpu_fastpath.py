@@ -65,6 +65,15 @@ def test_qk_norm_rope_and_silu_mul_match_the_cpu_path() -> None:
     _bf16_close(silu_mul(gu), torch.nn.functional.silu(gu[:, :3072]) * gu[:, 3072:])
 
 
+def test_linear_gelu_epilogue_matches_erf_gelu() -> None:
+    from bouquet.engine.ops import linear_gelu
+
+    lin = torch.nn.Linear(768, 3072, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(200, 768, device="cuda", dtype=torch.bfloat16)
+    want = torch.nn.functional.gelu(lin.float()(x.float()))  # exact erf GELU in fp32
+    _bf16_close(linear_gelu(x, lin, "gelu"), want)
+
+
 def test_uniform_cudnn_attention_matches_varlen() -> None:
     from bouquet.engine.attention import VarlenBackend
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.layers import activation, fuse_linears
-from bouquet.engine.ops import add_layer_norm
+from bouquet.engine.ops import add_layer_norm, linear_gelu
 
 
 class BertEmbeddings(nn.Module):
@@ -81,7 +81,8 @@ class BertLayer(nn.Module):
         self.output = BertOutput(h, i, eps)
         self.num_heads = cfg["num_attention_heads"]
         self.head_dim = h // self.num_heads
-        self.act = activation(cfg.get("hidden_act", "gelu"))
+        self.act_name = cfg.get("hidden_act", "gelu")
+        activation(self.act_name)  # unknown activations fail at load time
         self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # fused after loading
 
     def fuse(self) -> None:
@@ -101,7 +102,7 @@ class BertLayer(nn.Module):
         a = attn.attend(q, k, v, meta).reshape(T, h)  # [T, hidden]
         o = self.attention.output
         x = add_layer_norm(o.dense(a), x, o.LayerNorm)  # one fused kernel on CUDA
-        y = self.output.dense(self.act(self.intermediate.dense(x)))
+        y = self.output.dense(linear_gelu(x, self.intermediate.dense, self.act_name))  # [T, hidden]
         return add_layer_norm(y, x, self.output.LayerNorm)
 
 
