@@ -138,15 +138,19 @@ class _Producer(threading.Thread):
         return False
 
     def run(self) -> None:
+        finished = False
         try:
             for chunk in self.chunks:
                 if not self._put(self.pool.submit(self.tokenize, chunk)):
                     return
-            self._put(None)
+            finished = self._put(None)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which re-raises
             self._put(e)
         finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            # At the end of the input the queued futures are still to be consumed: cancelling them
+            # would fail the job whenever tokenization, not the engine, is the bottleneck. Only an
+            # aborted job (error, Ctrl-C) drops the work not yet started.
+            self.pool.shutdown(wait=False, cancel_futures=not finished)
 
 
 class _Writer(threading.Thread):
