@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--noop", action="store_true",
                     help="also run every job with a no-op engine (zero vectors at once): the host-side ceiling")
     ap.add_argument("--host-only", action="store_true", help="no real engine at all: only the no-op runs (implies --noop)")
+    ap.add_argument("--simulate-rows-per-s", type=float, default=0.0,
+                    help="with --host-only: the no-op engine models a device of this speed, pipelined as on CUDA")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", default=None)
     a = ap.parse_args()
@@ -122,7 +124,9 @@ def main() -> None:
     engine = None if a.host_only else Engine(spec, a.device, a.dtype)
     if engine is not None:
         engine.warmup()
-    noop = NoopEngine(spec, device, resolve_dtype(a.dtype, device))
+    # A modelled device is pipelined as the job pipelines CUDA (one batch in flight ahead).
+    noop_device = torch.device("cuda") if a.host_only and a.simulate_rows_per_s > 0 else device
+    noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s)
     budget = default_budget(a.max_batch_tokens, device.type, spec.max_seq_length)
     res: dict[str, object] = {
         "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -130,7 +134,7 @@ def main() -> None:
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "model_shape": shape,
         "dtype": (engine or noop).info.dtype, "attention": (engine or noop).info.attention, "rows": rows,
-        "max_batch_tokens": budget, "chunk_rows": a.chunk_rows,
+        "max_batch_tokens": budget, "chunk_rows": a.chunk_rows, "simulated_rows_per_s": a.simulate_rows_per_s or None,
     }
     eng = None
     if engine is not None:
@@ -154,7 +158,7 @@ def main() -> None:
     res["tokenizer_threads"] = tokenizer_threads(a.tokenizer_threads)
     if a.noop:
         res["host_ceiling"] = job_run(src, work / "out-noop", model_dir, noop, a, budget, a.tokenizer_threads)
-        _print_host(res["tokenizer_threads"], res["host_ceiling"], eng)
+        _print_host(res["tokenizer_threads"], res["host_ceiling"], eng or a.simulate_rows_per_s)
     res["sweep"] = []
     for n in sweep:
         point: dict[str, object] = {"tokenizer_threads": n}
@@ -166,12 +170,13 @@ def main() -> None:
         if a.noop:
             host = job_run(src, work / "out-noop", model_dir, noop, a, budget, n)
             point.update({f"host_{k}": v for k, v in host.items()})
-            _print_host(n, host, eng)
+            _print_host(n, host, eng or a.simulate_rows_per_s)
         res["sweep"].append(point)
     Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 
 def _print_host(threads: int, host: dict[str, float], engine_rows_per_s: float | None) -> None:
+    """One line per no-op run; ``engine_rows_per_s`` is the real (or modelled) engine's rate, if any."""
     vs = f" = {host['rows_per_s'] / engine_rows_per_s:.2f}x the engine" if engine_rows_per_s else ""
     print(f"tokenizer threads {threads}: host ceiling (no-op engine) {host['rows_per_s']:,.0f} rows/s, "
           f"{host['tokens_per_s'] / 1e6:.2f} M tokens/s, {host['cpu_us_per_row']:,.0f} µs CPU/row{vs}")
