@@ -107,7 +107,7 @@ def main() -> None:
     from bench.tiny_bert import build_random_bert
     from bouquet.engine.engine import Engine, resolve_device, resolve_dtype
     from bouquet.gateway.tokenization import TextTokenizer
-    from bouquet.jobs.embed_job import cpu_threads, default_budget, tokenizer_threads
+    from bouquet.jobs.embed_job import cpu_threads, default_budget, tokenizer_threads, usable_cores
     from bouquet.jobs.reader import discover, iter_file
     from bouquet.modelspec import load_spec
 
@@ -132,7 +132,7 @@ def main() -> None:
         "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip(),
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-        "cpu_count": os.cpu_count(), "torch": torch.__version__, "model_shape": shape,
+        "cpu_count": os.cpu_count(), "usable_cores": usable_cores(), "torch": torch.__version__, "model_shape": shape,
         "dtype": (engine or noop).info.dtype, "attention": (engine or noop).info.attention, "rows": rows,
         "max_batch_tokens": budget, "chunk_rows": a.chunk_rows, "simulated_rows_per_s": a.simulate_rows_per_s or None,
     }

@@ -103,12 +103,17 @@ def default_budget(max_batch_tokens: int, device_type: str, max_seq_length: int)
     return max(budget, max_seq_length)
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; a container's cpuset, unlike os.cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+
+
 def cpu_threads(requested: int) -> int:
     """Torch intra-op threads for a CPU engine that shares the machine with tokenizer threads.
 
     OpenMP workers spin at barriers; when tokenization takes a core they stall each other, and on
     2 cores one torch thread runs the whole job ~6x faster than two (measured on the CI shape)."""
-    return requested or max(1, (os.cpu_count() or 2) // 2)
+    return requested or max(1, usable_cores() // 2)
 
 
 def tokenizer_threads(requested: int) -> int:
@@ -117,7 +122,7 @@ def tokenizer_threads(requested: int) -> int:
     Each call already fans out over all cores in Rust (rayon); the Python threads only keep that
     pool fed while one of them turns ids into arrays under the GIL, so a few suffice, and many
     slow the job down (on 2 cores: 1-2 threads ≈ 930 rows/s, 4 threads 514)."""
-    return requested or min(8, max(2, (os.cpu_count() or 2) // 4))
+    return requested or min(8, max(2, usable_cores() // 4))
 
 
 def job_prompt(spec: Any, prompt: str | None) -> str:
