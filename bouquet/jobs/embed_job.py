@@ -52,7 +52,7 @@ class EmbedJobConfig:
     max_batch_seqs: int = 512
     shard_rows: int = 10_000  # input rows per output shard (the unit of resumption)
     chunk_rows: int = 1024  # rows per tokenizer call
-    tokenizer_threads: int = 2
+    tokenizer_threads: int = 0  # Python threads calling the tokenizer (0 = auto, see tokenizer_threads())
     threads: int = 0  # CPU engine: torch intra-op threads (0 = auto: half the cores, at least 1)
     prompt: str | None = None  # prefixed to every text (instruction models); None = model default
     overwrite: bool = False  # start afresh even if the output folder holds another job
@@ -63,9 +63,10 @@ class EmbedJobConfig:
             raise ValueError(f"--format must be parquet or npy, got {self.format!r}")
         if self.output_dtype not in ("float32", "float16"):
             raise ValueError(f"--output-dtype must be float32 or float16, got {self.output_dtype!r}")
-        if self.threads < 0:
-            raise ValueError(f"--threads must be ≥ 0 (0 = auto), got {self.threads}")
-        for name in ("shard_rows", "chunk_rows", "tokenizer_threads", "max_batch_seqs"):
+        for name in ("threads", "tokenizer_threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be ≥ 0 (0 = auto), got {getattr(self, name)}")
+        for name in ("shard_rows", "chunk_rows", "max_batch_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.max_batch_tokens < 0:
@@ -102,12 +103,26 @@ def default_budget(max_batch_tokens: int, device_type: str, max_seq_length: int)
     return max(budget, max_seq_length)
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; a container's cpuset, unlike os.cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+
+
 def cpu_threads(requested: int) -> int:
     """Torch intra-op threads for a CPU engine that shares the machine with tokenizer threads.
 
     OpenMP workers spin at barriers; when tokenization takes a core they stall each other, and on
     2 cores one torch thread runs the whole job ~6x faster than two (measured on the CI shape)."""
-    return requested or max(1, (os.cpu_count() or 2) // 2)
+    return requested or max(1, usable_cores() // 2)
+
+
+def tokenizer_threads(requested: int) -> int:
+    """Python threads calling ``encode_batch``: ``requested``, or (0) a quarter of the cores, 2 to 8.
+
+    Each call already fans out over all cores in Rust (rayon); the Python threads only keep that
+    pool fed while one of them turns ids into arrays under the GIL, so a few suffice, and many
+    slow the job down (on 2 cores: 1-2 threads ≈ 930 rows/s, 4 threads 514)."""
+    return requested or min(8, max(2, usable_cores() // 4))
 
 
 def job_prompt(spec: Any, prompt: str | None) -> str:
@@ -138,15 +153,19 @@ class _Producer(threading.Thread):
         return False
 
     def run(self) -> None:
+        finished = False
         try:
             for chunk in self.chunks:
                 if not self._put(self.pool.submit(self.tokenize, chunk)):
                     return
-            self._put(None)
+            finished = self._put(None)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which re-raises
             self._put(e)
         finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            # At the end of the input the queued futures are still to be consumed: cancelling them
+            # would fail the job whenever tokenization, not the engine, is the bottleneck. Only an
+            # aborted job (error, Ctrl-C) drops the work not yet started.
+            self.pool.shutdown(wait=False, cancel_futures=not finished)
 
 
 class _Writer(threading.Thread):
@@ -227,7 +246,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     stop = threading.Event()
     chunks = read_chunks(files, cfg.text_column, id_column, min(cfg.chunk_rows, cfg.shard_rows), cfg.shard_rows,
                          frozenset(manifest.done))
-    producer = _Producer(chunks, tokenize, cfg.tokenizer_threads, stop)
+    producer = _Producer(chunks, tokenize, tokenizer_threads(cfg.tokenizer_threads), stop)
     writer_thread = _Writer(writer)
     total = estimate_rows(files) if cfg.progress else None
     bar = _progress(total, sum(manifest.done.values()), cfg.progress)
