@@ -68,6 +68,14 @@ def _pinned(cpus: set[int] | None, fn: Any, *args: Any) -> Any:
     return fn(*args)
 
 
+def _warm() -> None:
+    """Imports the client phases need, done before any timed window starts."""
+    import grpc  # noqa: F401
+
+    import bouquet.proto.rpc  # noqa: F401
+    import bench.httpload  # noqa: F401
+
+
 def grpc_sequential(address: str, ids: list[int], t0: float, t1: float) -> LoadResult:
     """One client calling Embed back to back; latencies of the calls finished in [t0, t1)."""
     import asyncio
@@ -120,6 +128,8 @@ def run_phase(pool: ProcessPoolExecutor, cpus: set[int] | None, watch: dict[str,
 def summarize(name: str, res: LoadResult, seconds: float, cpu: dict[str, float], conns: int) -> dict[str, Any]:
     lat = np.asarray(res.latencies) * 1e3
     n = int(lat.size)
+    if not n:
+        raise RuntimeError(f"{name}: no reply finished inside the {seconds:.1f} s window")
     row: dict[str, Any] = {"case": name, "connections": conns, "requests": n, "req_per_s": round(n / seconds, 1),
                            "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3),
                            "statuses": {str(k): v for k, v in res.statuses.items()},
@@ -162,7 +172,7 @@ def markdown(res: dict[str, Any]) -> str:
     e = res["env"]
     out = [f"# Gateway overhead on the CPU (no-op engine) — {e['date']}", "",
            f"`{res['command']}`", "",
-           f"commit {e['commit']}; {e['cpu_model']} ({e['cpus']} CPUs); {res['pinning']}; load average before "
+           f"model {res['model']}; commit {e['commit']}; {e['cpu_model']} ({e['cpus']} CPUs); {res['pinning']}; load average before "
            f"{e['loadavg_before'][0]:.2f}", "",
            "versions: " + ", ".join(f"{k} {v}" for k, v in e["versions"].items()), "",
            f"One text of {res['tokens']} tokens per request. Added latency = p50(http-1) − p50(grpc-1). "
@@ -187,6 +197,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=2.0, help="untimed load before each window")
     ap.add_argument("--conns", type=int, default=16, help="connections of the throughput cases")
     ap.add_argument("--no-pin", action="store_true", help="leave CPU affinity alone")
+    ap.add_argument("--random-model", action="store_true",
+                    help="serve a random all-MiniLM-L6-v2-shape BERT (same tokenizer and dimension) instead of the "
+                         "embedded model: for machines that have only its tokenizer.json (the GPU host)")
     ap.add_argument("--out", default=str(REPO / "bench/results/gateway-overhead-cpu"), help="output path without suffix")
     a = ap.parse_args()
     from helpers import BouquetProcess
@@ -194,10 +207,17 @@ def main() -> None:
     from bouquet.gateway.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 
-    spec = load_spec(None)
+    model_args: list[str] = []
+    if a.random_model:
+        import tempfile
+
+        from bench.tiny_bert import build_random_bert
+
+        model_args = ["--model", str(build_random_bert(Path(tempfile.mkdtemp(prefix="gw-overhead-")) / "minilm", "minilm"))]
+    spec = load_spec(model_args[1] if model_args else None)
     ids = TextTokenizer(spec).encode([TEXT]).ids[0].tolist()
     env = environment()
-    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", env={"TOKENIZERS_PARALLELISM": "false"})
+    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", *model_args, env={"TOKENIZERS_PARALLELISM": "false"})
     try:
         import httpx
 
@@ -217,6 +237,7 @@ def main() -> None:
         cases: list[dict[str, Any]] = []
         summary: dict[str, dict[str, float]] = {}
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+            pool.submit(_pinned, client_cpus, _warm).result(timeout=120)
             res, secs, cpu = run_phase(pool, client_cpus, watch, a.warmup, a.seconds, grpc_sequential, replica["address"], ids)
             grpc_row = summarize("grpc-1 (direct)", res, secs, {"replica": cpu["replica"]}, 1)
             cases.append(grpc_row)
@@ -238,7 +259,7 @@ def main() -> None:
     finally:
         srv.stop()
     result = {"command": "python bench/gateway_overhead.py " + " ".join(sys.argv[1:]), "env": env, "pinning": pinning,
-              "text": TEXT, "tokens": len(ids), "seconds": a.seconds, "cases": cases, "summary": summary,
+              "model": spec.model_id if not model_args else "random all-MiniLM-L6-v2 shape", "text": TEXT, "tokens": len(ids), "seconds": a.seconds, "cases": cases, "summary": summary,
               "targets": {"added_p50_ms_max": 0.3, "req_per_s_per_worker_min": 5000}}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
