@@ -179,7 +179,7 @@ def markdown(res: dict[str, Any]) -> str:
     out = [f"# Gateway overhead on the CPU (no-op engine) — {e['date']}", "",
            f"`{res['command']}`", "",
            f"model {res['model']}; commit {e['commit']}; {e['cpu_model']} ({e['cpus']} CPUs); {res['pinning']}; load average before "
-           f"{e['loadavg_before'][0]:.2f} (above 1 the gateway's core was shared); a 10 M-step pure-Python loop took "
+           f"{e['loadavg_before'][0]:.2f} (above {e['cpus']}, processes were waiting for a core); a 10 M-step pure-Python loop took "
            f"{e['python_loop_10M_s']:.2f} s", "",
            "versions: " + ", ".join(f"{k} {v}" for k, v in e["versions"].items()), "",
            f"One text of {res['tokens']} tokens per request. Added latency = p50(http-1) − p50(grpc-1). "
