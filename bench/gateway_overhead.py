@@ -14,8 +14,8 @@ Added latency = p50(http-1) − p50(grpc-1). Per-worker capacity = requests / ga
 replica and the client share the remaining cores, the measured requests/s can be limited by them
 rather than by the gateway, so both are reported.
 
-Pinning (Linux, ≥ 2 cores): the gateway process (every thread) gets CPU 0 alone; the replica and
-the client processes share the others. The client is bench/httpload.py (raw keep-alive HTTP/1.1
+Pinning (Linux, ≥ 2 usable cores): the gateway process (every thread) gets the first core alone;
+the replica and the client processes share the others. The client is bench/httpload.py (raw keep-alive HTTP/1.1
 on uvloop, ~20 µs CPU per request).
 
     python bench/gateway_overhead.py                       # writes bench/results/gateway-overhead-cpu.{json,md}
@@ -234,15 +234,15 @@ def main() -> None:
         health = httpx.get(srv.url + "/health", timeout=10).json()
         replica = health["replicas"][0]
         watch = {"gateway": srv.proc.pid, "replica": int(replica["pid"])}
-        ncpu = os.cpu_count() or 1
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         client_cpus: set[int] | None = None
         pinning = "not pinned"
-        if not a.no_pin and ncpu >= 2 and hasattr(os, "sched_setaffinity"):
-            rest = set(range(1, ncpu))
-            pin(watch["gateway"], {0})
+        if not a.no_pin and len(cpus) >= 2:
+            rest = set(cpus[1:])
+            pin(watch["gateway"], {cpus[0]})
             pin(watch["replica"], rest)
             client_cpus = rest
-            pinning = f"gateway pinned to CPU 0 alone; replica and client on CPUs {sorted(rest)}"
+            pinning = f"gateway pinned to CPU {cpus[0]} alone; replica and client on CPUs {sorted(rest)}"
         host, port = "127.0.0.1", srv.port
         cases: list[dict[str, Any]] = []
         summary: dict[str, dict[str, float]] = {}

