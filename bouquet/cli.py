@@ -35,6 +35,8 @@ _INTERACTIVE_MAX_TOKENS = typer.Option(
 _ENFORCE_EAGER = typer.Option(False, help="Disable CUDA graphs.")
 _SPIN_WAIT = typer.Option(True, "--spin-wait/--no-spin-wait",
                           help="Wait for GPU results by spinning (lower batch-1 latency, one busy core per replica).")
+_ENGINE = typer.Option("torch", help="torch (the model) | noop (benchmarking aid: loads the model's spec and tokenizer "
+                       "but runs no model; every input gets a zero vector of the model's dimension).")
 
 
 def _config(**values: object) -> ServeConfig:
@@ -72,6 +74,7 @@ def serve(
     no_truncate: bool = typer.Option(False, "--no-truncate", help="Refuse over-long inputs by default instead of truncating."),
     enforce_eager: bool = _ENFORCE_EAGER,
     spin_wait: bool = _SPIN_WAIT,
+    engine: str = _ENGINE,
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
@@ -86,7 +89,7 @@ def serve(
         max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens, replicas=replicas,
         gpus=gpu_list, servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive, api_key=api_key, truncate=not no_truncate,
-        enforce_eager=enforce_eager, spin_wait=spin_wait, log_level=log_level,
+        enforce_eager=enforce_eager, spin_wait=spin_wait, engine=engine, log_level=log_level,
     )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve as run
@@ -219,6 +222,7 @@ def server_cmd(
     interactive_max_tokens: int = _INTERACTIVE_MAX_TOKENS,
     enforce_eager: bool = _ENFORCE_EAGER,
     spin_wait: bool = _SPIN_WAIT,
+    engine: str = _ENGINE,
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run ONE server replica (gRPC) on HOST:PORT for gateways elsewhere (`bouquet serve --server HOST:PORT`)."""
@@ -226,7 +230,7 @@ def server_cmd(
         model=model, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
         device=device.split(":")[0], dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
         max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens,
-        enforce_eager=enforce_eager, spin_wait=spin_wait, log_level=log_level,
+        enforce_eager=enforce_eager, spin_wait=spin_wait, engine=engine, log_level=log_level,
     )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve_replica

@@ -15,6 +15,8 @@ Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
+EngineKind = Literal["torch", "noop"]
+ENGINES: tuple[str, ...] = ("torch", "noop")
 
 
 class ConfigError(ValueError):
@@ -55,6 +57,8 @@ class ServeConfig:
     max_inputs: int = 4096
     api_key: str | None = None
     truncate: bool = True  # default for requests that do not say
+    # "noop": a benchmarking aid that runs no model and answers zero vectors (engine/noop.py)
+    engine: EngineKind = "torch"
     # Engine fast path (GPU)
     enforce_eager: bool = False
     # The thread that waits for a batch's result spins (GIL released) instead of sleeping until
@@ -72,6 +76,8 @@ class ServeConfig:
             raise ConfigError(f"--device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         for name in ("port", "grpc_port"):
             v = getattr(self, name)
             if not 0 <= v <= 65535:

@@ -111,6 +111,9 @@ def serve(cfg: ServeConfig) -> int:
         # (Each worker is a plain uvicorn server: SIGTERM closes its listener after in-flight
         # requests finish, up to 30 s; the 503 drain phase is single-worker only.)
         os.environ[GATEWAY_CONFIG_ENV] = gcfg.to_json()
+        # The workers are the parallelism: a Rust thread pool of one thread per core in each of
+        # them would oversubscribe the cores (an explicit setting wins).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
                               timeout_graceful_shutdown=30, **common)
         supervisor = Multiprocess(ucfg, sockets=[ucfg.bind_socket()])

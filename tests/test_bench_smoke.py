@@ -32,3 +32,17 @@ def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
     md = (tmp_path / "results.md").read_text()
     assert "| b1 L16 |" in md and "bouquet-grpc" in md
     assert (tmp_path / "bench-minilm-tiny.png").stat().st_size > 1000
+
+
+def test_gateway_tokens_bench_smoke(tmp_path: Path) -> None:
+    """bench/gateway_tokens_gpu.py (issue #4 (b), run on the H200) works end to end before it
+    spends device time: serve, client processes, replies checked, engine-only pass, JSON out."""
+    out = tmp_path / "g.json"
+    script = Path(__file__).resolve().parents[1] / "bench" / "gateway_tokens_gpu.py"
+    cmd = [sys.executable, str(script), str(out), "--tiny", "--device", "cpu", "--clients", "3", "--batch", "4",
+           "--seconds", "1", "--warmup", "0.5", "--engine-tokens", "3000", "--work-dir", str(tmp_path / "w")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["requests"] > 0 and res["gateway_tokens_per_s"] > 0 and res["engine_tokens_per_s"] > 0
+    assert res["gateway_over_engine"] > 0 and res["texts_per_request"] == 4

@@ -1,7 +1,8 @@
 """The HTTP gateway: an ASGI app (FastAPI on uvicorn) in front of the gRPC replicas.
 
 Routes are thin: parse and validate (inputs.py), tokenize (tokenization.py), run on the replicas
-(replicas.py), encode the reply with orjson from pre-built dicts of numpy rows. Errors are
+(replicas.py), encode the reply with orjson from pre-built dicts of numpy rows. The POST API routes
+are called directly, past FastAPI's per-request machinery (fastpath.py). Errors are
 APIError, rendered in the OpenAI shape on ``/v1/*`` and the TEI shape elsewhere.
 """
 from __future__ import annotations
@@ -23,8 +24,9 @@ from starlette.responses import Response
 
 from bouquet.config import ServeConfig
 from bouquet.gateway.auth import APIKeyMiddleware
-from bouquet.gateway.disconnect import CancelOnDisconnect
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.disconnect import ASGIApp, CancelOnDisconnect
+from bouquet.gateway.errors import APIError, bad_request, internal_error
+from bouquet.gateway.fastpath import FastRoutes, direct_routes
 from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bouquet.gateway.metrics import GatewayMetrics, MetricsMiddleware
 from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
@@ -212,8 +214,8 @@ async def models_route(request: Request) -> Response:
          "aliases": sorted(gw.names - {gw.public_id})}]})
 
 
-def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -> FastAPI:
-    """Build the gateway app. The replica pool connects on start-up (ASGI lifespan)."""
+def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -> ASGIApp:
+    """Build the gateway's ASGI app. The replica pool connects on start-up (ASGI lifespan)."""
     public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
     names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
     pool = ReplicaPool(server_addresses, cfg.chunk_tokens, cfg.interactive_max_tokens)
@@ -226,16 +228,15 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
         await gw.pool.close()
         gw.executor.shutdown(wait=False)
 
-    app = FastAPI(title="bouquet", version="0.1.0", lifespan=lifespan,
+    api = FastAPI(title="bouquet", version="0.1.0", lifespan=lifespan,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
-    app.state.gateway = gw
-    app.add_middleware(CancelOnDisconnect)  # an abandoned request's queued work is dropped
+    api.state.gateway = gw
 
-    @app.exception_handler(APIError)
+    @api.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
         return exc.response_for(request.url.path)
 
-    @app.exception_handler(StarletteHTTPException)
+    @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # Unknown routes (404) and wrong methods (405) answer JSON in the family's shape, not HTML.
         if exc.status_code == 404:
@@ -247,18 +248,21 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -
         return APIError(exc.status_code, msg, None, "not_found" if exc.status_code == 404 else "method_not_allowed",
                         headers=dict(exc.headers or {})).response_for(request.url.path)
 
-    @app.exception_handler(Exception)
+    @api.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error").response_for(request.url.path)
+        return internal_error(exc).response_for(request.url.path)
 
-    add_routes(app)
+    add_routes(api)
     gw.metrics.watch_replicas(gw.pool)
+    # Our middlewares wrap the FastAPI app from outside, and the POST API routes are called
+    # directly (fastpath.py); FastAPI serves the rest: GET routes, docs, 404/405.
+    app: ASGIApp = FastRoutes(api, direct_routes(api))
+    app = CancelOnDisconnect(app)  # an abandoned request's queued work is dropped
     if cfg.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=cfg.api_key)
-    routes = frozenset(r.path for r in app.routes if hasattr(r, "path"))
-    app.add_middleware(MetricsMiddleware, metrics=gw.metrics, routes=routes)  # outermost: counts 401s too
-    return app
+        app = APIKeyMiddleware(app, api_key=cfg.api_key)
+    routes = frozenset(r.path for r in api.routes if hasattr(r, "path"))
+    return MetricsMiddleware(app, metrics=gw.metrics, routes=routes)  # outermost: counts 401s too
 
 
 async def metrics_route(request: Request) -> Response:

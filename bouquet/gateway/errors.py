@@ -42,3 +42,8 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
+
+
+def internal_error(exc: BaseException) -> APIError:
+    """The 500 answer for an unexpected exception: names its type only (details go to the log)."""
+    return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error")

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 
-from fastapi import FastAPI
-
 from bouquet.config import ConfigError, ServeConfig
+from bouquet.gateway.disconnect import ASGIApp
 
 GATEWAY_CONFIG_ENV = "BOUQUET_GATEWAY_CONFIG"
 
 
-def app_from_env() -> FastAPI:
+def app_from_env() -> ASGIApp:
     """Build one worker's app from ``$BOUQUET_GATEWAY_CONFIG`` (ServeConfig JSON).
 
     Raises ConfigError when the variable is missing or names no replicas.

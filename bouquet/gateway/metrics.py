@@ -97,6 +97,9 @@ class MetricsMiddleware:
 
     def __init__(self, app: Any, metrics: GatewayMetrics, routes: frozenset[str]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
+        # Labelled children, looked up once: ``labels()`` takes a lock and builds a key per call.
+        self._latency: dict[str, Any] = {}
+        self._count: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -115,5 +118,12 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
-            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            latency = self._latency.get(route)
+            if latency is None:
+                latency = self._latency[route] = self.metrics.latency.labels(route)
+            latency.observe(time.perf_counter() - t0)
+            key = (route, scope["method"], status)
+            count = self._count.get(key)
+            if count is None:
+                count = self._count[key] = self.metrics.requests.labels(route, scope["method"], str(status))
+            count.inc()

@@ -6,8 +6,10 @@ Every chunk carries the request's priority, decided here from the whole request'
 sees only its chunk). A chunk whose replica fails (connection lost, replica draining) is retried
 on another replica; a chunk refused for a full queue tries the others. When none is left the
 caller gets APIError 503 (or 429), and the request's other chunks are cancelled, so their queued
-sequences are dropped on the servers. What this module does not own: tokenization, HTTP
-parsing, response encoding, noticing that the HTTP client went away (gateway/disconnect.py).
+sequences are dropped on the servers. Small requests without token types share calls with the
+others of the same event-loop iteration (coalesce.py). What this module does not own:
+tokenization, HTTP parsing, response encoding, noticing that the HTTP client went away
+(gateway/disconnect.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any, Coroutine, TypeVar
 import grpc
 import numpy as np
 
+from bouquet.gateway.coalesce import Coalescer
 from bouquet.gateway.errors import APIError
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.proto.rpc import CHANNEL_OPTIONS, InferenceStub
@@ -73,6 +76,8 @@ def chunk_bounds(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]
 async def gather_or_cancel(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
     """``asyncio.gather``, except that the first failure cancels the others (their queued work
     would be wasted), and cancelling the caller cancels them all."""
+    if len(coros) == 1:  # the common case: awaited in the caller's task, no task to create
+        return [await coros[0]]
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         return await asyncio.gather(*tasks)
@@ -89,8 +94,15 @@ class ReplicaPool:
     chunk_tokens: int = 8192
     interactive_max_tokens: int = 2048  # PRIORITY_AUTO: requests up to this many tokens are interactive
     request_timeout_s: float = 600.0
+    # Requests of at most this many tokens share Embed calls with the others of the same event-loop
+    # iteration (gateway/coalesce.py), up to ``chunk_tokens`` per call; 0 turns this off.
+    coalesce_max_tokens: int = 4096
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
+    _coalescer: Coalescer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._coalescer = Coalescer(lambda seqs, n, d, p: self._run_chunk(seqs, None, n, d, p), self.chunk_tokens)
 
     async def start(self) -> None:
         for a in self.addresses:
@@ -151,7 +163,10 @@ class ReplicaPool:
         503 when no replica can serve, 504 on timeout.
         """
         lengths = [len(s) for s in seqs]
-        priority = self.resolve_priority(priority, sum(lengths))
+        total = sum(lengths)
+        priority = self.resolve_priority(priority, total)
+        if type_ids is None and total <= min(self.coalesce_max_tokens, self.chunk_tokens):
+            return await self._coalescer.submit(seqs, total, normalize, dimensions, priority)
         parts = chunk_bounds(lengths, self.chunk_tokens)
         results = await gather_or_cancel([
             self._run_chunk(seqs[a:b], type_ids[a:b] if type_ids is not None else None, normalize, dimensions, priority)

@@ -18,13 +18,18 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import grpc
 
 from bouquet.config import ServeConfig
-from bouquet.modelspec import load_spec
+from bouquet.modelspec import ModelSpec, load_spec
 from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
 from bouquet.server.service import InferenceService
+
+if TYPE_CHECKING:
+    from bouquet.engine.engine import Engine
+    from bouquet.engine.noop import NoopEngine
 
 log = logging.getLogger("bouquet.server")
 
@@ -48,19 +53,23 @@ def default_batch_tokens(cfg: ServeConfig, device_type: str) -> int:
 
 async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bind_host: str = "127.0.0.1") -> None:
     """Bind ``bind_host:cfg.grpc_port`` (0 = a free port), load the model, serve until SIGTERM."""
-    import torch  # the server process is where torch lives; imported after argument parsing
-
-    from bouquet.engine.engine import Engine, GraphOptions, resolve_device
-
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
-    dev = resolve_device(device or cfg.device)
-    if dev.type == "cuda" and dev.index is not None:
-        # Triton kernels, CUDA graphs and streams use the *current* device: make it this replica's
-        # GPU (without this a replica on cuda:1 launched Triton kernels on cuda:0 and failed).
-        torch.cuda.set_device(dev)
-    if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
-        torch.set_num_threads(max(1, torch.get_num_threads()))
-    service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
+    if cfg.engine == "noop":
+        # No model and no device: batch as a GPU replica does, so the scheduler packs alike.
+        service = InferenceService(cfg, spec, default_batch_tokens(cfg, "cuda"), depth=2)
+    else:
+        import torch  # the server process is where torch lives; imported after argument parsing
+
+        from bouquet.engine.engine import resolve_device
+
+        dev = resolve_device(device or cfg.device)
+        if dev.type == "cuda" and dev.index is not None:
+            # Triton kernels, CUDA graphs and streams use the *current* device: make it this replica's
+            # GPU (without this a replica on cuda:1 launched Triton kernels on cuda:0 and failed).
+            torch.cuda.set_device(dev)
+        if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
+            torch.set_num_threads(max(1, torch.get_num_threads()))
+        service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     add_servicer(server, service)
     add_health(server, lambda: service.ready and not service.draining)
@@ -77,8 +86,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    engine = await asyncio.to_thread(lambda: Engine(spec, str(dev), cfg.dtype, graphs=GraphOptions.from_config(cfg),
-                                                    spin_wait=cfg.spin_wait))
+    engine = await asyncio.to_thread(build_engine, cfg, spec, device)
     await asyncio.to_thread(engine.warmup)
     service.attach(engine, engine.info)
     log.info("server: ready (%s, %s, attention=%s)", engine.info.device, engine.info.dtype, engine.info.attention)
@@ -88,6 +96,17 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     await server.stop(grace=5)
     loop_task.cancel()
     engine.shutdown()
+
+
+def build_engine(cfg: ServeConfig, spec: ModelSpec, device: str | None) -> "Engine | NoopEngine":
+    """The replica's engine: the model on ``device`` (or the config's), or the no-op engine."""
+    if cfg.engine == "noop":
+        from bouquet.engine.noop import NoopEngine
+
+        return NoopEngine(spec)
+    from bouquet.engine.engine import Engine, GraphOptions
+
+    return Engine(spec, device or cfg.device, cfg.dtype, graphs=GraphOptions.from_config(cfg), spin_wait=cfg.spin_wait)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,29 @@
+"""Small concurrent requests share gRPC calls in the gateway (gateway/coalesce.py): each still gets
+exactly its own rows, with its own `dimensions` and `normalize`, as when sent alone."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+
+from helpers import BouquetProcess
+
+
+def test_concurrent_small_requests_get_their_own_rows(minilm_server: BouquetProcess) -> None:
+    options = [{}, {"dimensions": 128}, {"normalize": False}, {"dimensions": 256, "normalize": False}]
+    bodies = [{"input": [f"request {i} sentence {j} about rivers" for j in range(1 + i % 3)], **options[i % 4]}
+              for i in range(32)]
+    alone = [minilm_server.vectors(b["input"], **{k: v for k, v in b.items() if k != "input"}) for b in bodies]
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(client.post(minilm_server.url + "/v1/embeddings", json=b) for b in bodies))
+
+    for body, ref, r in zip(bodies, alone, asyncio.run(together())):
+        assert r.status_code == 200, r.text
+        got = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+        assert got.shape == ref.shape, body
+        cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+        assert cos.min() > 0.9999, body
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)
