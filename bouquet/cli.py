@@ -195,8 +195,9 @@ def embed(
 
             stats = run_ray_job(cfg, address=address, workers=workers)
         else:
-            from bouquet.jobs.embed_job import run_embed_job
+            from bouquet.jobs.embed_job import reserve_cores_for_engine, run_embed_job
 
+            reserve_cores_for_engine()  # before the first tokenization (rayon reads it once)
             stats = run_embed_job(cfg)
     except (ValueError, ImportError, OSError) as e:
         typer.echo(f"error: {e}", err=True)

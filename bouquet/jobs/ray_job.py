@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bouquet.jobs.embed_job import EmbedJobConfig, JobStats, default_budget, job_prompt
+from bouquet.jobs.embed_job import EmbedJobConfig, JobStats, default_budget, job_prompt, pipeline_depth
 from bouquet.jobs.reader import InputFile, discover, iter_file, resolve_id_column
 
 log = logging.getLogger(__name__)
@@ -51,18 +51,17 @@ class EmbedActor:
     """Holds one Engine (one GPU, or the CPU) and embeds Arrow batches of (id, text) → (id, vector)."""
 
     def __init__(self, cfg: EmbedJobConfig, device: str) -> None:
-        from bouquet.engine.engine import Engine
         from bouquet.gateway.tokenization import TextTokenizer
         from bouquet.modelspec import load_spec
 
         import torch
 
-        from bouquet.jobs.embed_job import cpu_threads
+        from bouquet.jobs.embed_job import build_job_engine, cpu_threads
 
         spec = load_spec(cfg.model)
         if device == "cpu":
             torch.set_num_threads(cpu_threads(cfg.threads))
-        self.engine = Engine(spec, device, cfg.dtype)
+        self.engine = build_job_engine(spec, device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs)
         self.engine.warmup()
         self.spec, self.cfg = spec, cfg
         self.tokenizer = TextTokenizer(spec)
@@ -80,7 +79,7 @@ class EmbedActor:
         group = Group(self.tokenizer.encode(texts, truncate=True).ids, None, self.spec.dimension)
         packer = Packer(self.budget, self.cfg.max_batch_seqs)
         packer.add(group)
-        depth = 1 if self.engine.device.type == "cuda" else 0
+        depth = pipeline_depth(self.engine.device.type)
         for _ in run_pipelined(self.engine, drain(packer), lambda r: finalize(r, self.spec.normalize, None), depth):
             pass
         return pa.table({"id": batch.column("id"), "vector": vector_array(group.vectors, self.cfg.output_dtype)})
