@@ -167,7 +167,7 @@ def embed(
     max_batch_tokens: int = typer.Option(0, help="Token budget per engine step (0 = auto: 16384 GPU, 2048 CPU)."),
     max_batch_seqs: int = typer.Option(512, help="Sequence slots per engine step."),
     shard_rows: int = typer.Option(10_000, help="Input rows per output shard (the unit of resumption)."),
-    tokenizer_threads: int = typer.Option(0, help="Tokenizer threads running alongside the engine (0 = auto: a quarter of the cores, 2 to 8)."),
+    tokenizer_threads: int = typer.Option(0, help="Tokenizer threads running alongside the engine (0 = auto: 2)."),
     threads: int = typer.Option(0, help="CPU engine: torch threads (0 = auto: half the cores; with --ray: per actor)."),
     prompt: Optional[str] = typer.Option(None, help="Text prefixed to every document (default: the model's default prompt)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what the output folder holds instead of resuming."),

@@ -123,12 +123,14 @@ def cpu_threads(requested: int) -> int:
 
 
 def tokenizer_threads(requested: int) -> int:
-    """Python threads calling ``encode_batch``: ``requested``, or (0) a quarter of the cores, 2 to 8.
+    """Python threads calling ``encode_batch``: ``requested``, or (0) two.
 
     Each call already fans out over all cores in Rust (rayon); the Python threads only keep that
-    pool fed while one of them turns ids into arrays under the GIL, so a few suffice, and many
-    slow the job down (on 2 cores: 1-2 threads ≈ 930 rows/s, 4 threads 514)."""
-    return requested or min(8, max(2, usable_cores() // 4))
+    pool fed while one of them turns ids into arrays under the GIL, so two suffice, and more slow
+    the job down. Measured: on 2 cores, 1-2 threads ≈ 930 rows/s, 4 threads 514; on an H200 host
+    (16 cores, bge-base, 100,000 mixed rows) job/engine 0.928 with 2 threads, 0.896 with 4,
+    0.774 with 8, 0.666 with 16 (bench/results/h200-2026-11-30/)."""
+    return requested or 2
 
 
 def reserve_cores_for_engine(reserved: int = 2) -> None:
