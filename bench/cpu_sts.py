@@ -17,7 +17,6 @@ import concurrent.futures as cf
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bouquet.bench.meta import source_commit  # noqa: E402
 sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import BouquetProcess, cosine_rows, read_sts  # noqa: E402
@@ -106,7 +107,7 @@ def main() -> None:
         srv.stop()
 
     base = results["sentence-transformers"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = source_commit(REPO)
     record = {
         "command": "python bench/cpu_sts.py " + " ".join(sys.argv[1:]),
         "commit": commit, "split": args.split, "sentences": n, "cpu": platform.processor() or platform.machine(),

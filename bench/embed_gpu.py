@@ -23,13 +23,14 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bouquet.bench.meta import source_commit  # noqa: E402
 sys.path.insert(0, str(REPO))
 
 from bouquet.jobs.embed_job import EmbedJobConfig  # noqa: E402
@@ -133,8 +134,7 @@ def main() -> None:
     noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s)
     budget = default_budget(a.max_batch_tokens, device.type, spec.max_seq_length)
     res: dict[str, object] = {
-        "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": source_commit(REPO),
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
         "cpu_count": os.cpu_count(), "usable_cores": usable_cores(), "torch": torch.__version__, "model_shape": shape,
         "dtype": (engine or noop).info.dtype, "attention": (engine or noop).info.attention, "rows": rows,

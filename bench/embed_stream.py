@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bouquet.bench.meta import source_commit  # noqa: E402
 
 
 def word_list() -> list[str]:
@@ -102,7 +104,7 @@ def main() -> None:
         write_synthetic(src, a.rows)
         print(f"wrote {src} ({src.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.0f}s", file=sys.stderr)
     # Read before the run: the commit whose code the job ran.
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = source_commit(REPO)
     res = run_job([str(src), "--output", str(work / "out"), "--model", str(model), "--device", "cpu",
                    "--shard-rows", str(a.shard_rows), "--overwrite", "--no-progress"])
     res["input_mib"] = round(src.stat().st_size / 2**20, 1)

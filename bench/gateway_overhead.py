@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bouquet.bench.meta import source_commit  # noqa: E402
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from bench.httpload import LoadResult, post_bytes, run_load  # noqa: E402
@@ -155,7 +157,7 @@ def check_reply(body: bytes, fmt: str, dim: int) -> None:
 def environment() -> dict[str, Any]:
     model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), platform.processor())
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = source_commit(REPO)
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True).stdout.strip()
     versions = {"python": platform.python_version()}

@@ -24,7 +24,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bouquet.bench.meta import source_commit  # noqa: E402
 sys.path.insert(0, str(REPO))
 
 from bench.httpload import LoadResult, post_bytes, run_load  # noqa: E402
@@ -166,7 +167,7 @@ def main() -> None:
     engine_rows_per_s(engine, flat[: len(flat) // 4 + 1], budget, 512, spec.normalize)  # warm-up: graphs, allocator
     runs = [engine_rows_per_s(engine, flat, budget, 512, spec.normalize) * mean_len for _ in range(2)]
     eng_tps = max(runs)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = source_commit(REPO)
     if not commit and (REPO / "COMMIT").exists():
         commit = (REPO / "COMMIT").read_text().strip()
     d_steps, d_tokens = steps1[0] - steps0[0], steps1[1] - steps0[1]

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -160,11 +159,9 @@ def summary(tally: Tally, wall: float) -> dict[str, Any]:
 
 
 def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
-    except OSError:
-        return "?"
+    from bouquet.bench.meta import source_commit
+
+    return source_commit(REPO)
 
 
 def main() -> None:

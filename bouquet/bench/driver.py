@@ -12,7 +12,6 @@ import datetime as _dt
 import gc
 import logging
 import platform
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from bouquet.bench import run as R
+from bouquet.bench.meta import source_commit
 from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_model_dir, tiny
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
@@ -52,11 +52,7 @@ def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
 
     commit = opts.commit
     if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+        commit = source_commit(Path.cwd())
     gpu = torch.cuda.get_device_name() if opts.device.startswith("cuda") else None
     return {"commit": commit, "date": _dt.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
             "cpu": f"{platform.processor() or platform.machine()} x{__import__('os').cpu_count()}",
