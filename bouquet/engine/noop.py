@@ -47,6 +47,8 @@ class NoopResult:
 class NoopEngine:
     """Same ``step``/``warmup``/``shutdown`` surface as ``engine.Engine``; no weights, no torch."""
 
+    inline_step = True  # step allocates zeros: the server calls it on its event loop, no thread hop
+
     def __init__(self, spec: ModelSpec) -> None:
         t0 = time.perf_counter()
         self.spec = spec

@@ -25,12 +25,15 @@ class CancelOnDisconnect:
     """ASGI middleware: an HTTP request's handler is cancelled when its client disconnects.
 
     The handler runs in the request's own task (no task per request for it: that cost showed in
-    the gateway's per-request CPU); a watcher task, started once the body has been read, cancels
-    that task when ``http.disconnect`` arrives before the response has started.
+    the gateway's per-request CPU); a watcher task cancels that task when ``http.disconnect``
+    arrives before the response has started. The watcher starts ``watch_after_s`` after the body
+    has been read, and only if the request is still running then: most small requests finish
+    sooner and never pay for a task (a client gone meanwhile is noticed as soon as it starts,
+    since the server keeps the disconnect for the next ``receive``).
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, watch_after_s: float = 0.02) -> None:
+        self.app, self.watch_after_s = app, watch_after_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,9 +41,12 @@ class CancelOnDisconnect:
             return
         task = asyncio.current_task()
         assert task is not None
-        disconnected: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        disconnected: asyncio.Future[Message] = loop.create_future()
         state = {"started": False, "finished": False, "cancelled": False}
         watcher: asyncio.Task[None] | None = None
+        timer: asyncio.TimerHandle | None = None
+        body_read = False
 
         async def watch() -> None:
             while True:
@@ -53,16 +59,23 @@ class CancelOnDisconnect:
                         task.cancel()
                     return
 
-        async def wrapped_receive() -> Message:
+        def start_watcher(always: bool = False) -> None:
             nonlocal watcher
-            if watcher is not None:
-                return await asyncio.shield(disconnected)  # the watcher owns the real receive now
+            if watcher is None and not disconnected.done() and (always or not (state["started"] or state["finished"])):
+                watcher = asyncio.ensure_future(watch())
+
+        async def wrapped_receive() -> Message:
+            nonlocal timer, body_read
+            if body_read:
+                start_watcher(always=True)  # the app waits for the disconnect itself (streaming): the watcher owns receive now
+                return await asyncio.shield(disconnected)
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 if not disconnected.done():
                     disconnected.set_result(msg)
             elif not msg.get("more_body", False):
-                watcher = asyncio.ensure_future(watch())
+                body_read = True
+                timer = loop.call_later(self.watch_after_s, start_watcher)
             return msg
 
         async def wrapped_send(msg: Message) -> None:
@@ -78,5 +91,7 @@ class CancelOnDisconnect:
             task.uncancel()
         finally:
             state["finished"] = True
+            if timer is not None:
+                timer.cancel()
             if watcher is not None:
                 watcher.cancel()

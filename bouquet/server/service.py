@@ -2,12 +2,14 @@
 
 The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (``engine.step``
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
-so the asyncio loop keeps serving gRPC. What this module does not own: batching policy
+so the asyncio loop keeps serving gRPC (a handle already ``ready()`` is read on the loop, and an
+engine with ``inline_step`` — the no-op one — is stepped there too: no thread hops). What this module does not own: batching policy
 (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -31,6 +33,8 @@ class StepEngine(Protocol):
     """What the service needs from an engine (the real one, or a fake in tests)."""
 
     def step(self, batch: Any) -> Any: ...  # returns an object with .wait() -> np.ndarray [B, D]
+    # Optional: ``inline_step = True`` (step costs next to nothing: called on the event loop, not
+    # a helper thread); handles with ``ready()`` true are waited for on the loop too.
 
 
 class RequestError(Exception):
@@ -45,30 +49,39 @@ def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarr
     Raises RequestError(INVALID_ARGUMENT) naming the offending sequence.
     """
     ids = np.frombuffer(req.input_ids, dtype="<i4")
-    lengths = np.frombuffer(req.lengths, dtype="<i4")
-    if lengths.size == 0:
+    # The lengths as Python ints: a request holds few sequences, and Python's min/max/sum and
+    # slicing cost less than numpy's reductions and np.split on arrays that small.
+    lengths = np.frombuffer(req.lengths, dtype="<i4").tolist()
+    if not lengths:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request has no sequences")
-    if int(lengths.min()) < 1:
-        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"sequence {int(np.argmin(lengths))} is empty")
-    if int(lengths.sum()) != ids.size:
-        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"lengths sum to {int(lengths.sum())} but {ids.size} ids were sent")
-    if int(lengths.max()) > spec.max_seq_length:
-        i = int(np.argmax(lengths))
+    if min(lengths) < 1:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"sequence {lengths.index(min(lengths))} is empty")
+    total = sum(lengths)
+    if total != ids.size:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"lengths sum to {total} but {ids.size} ids were sent")
+    longest = max(lengths)
+    if longest > spec.max_seq_length:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"sequence {i} has {int(lengths[i])} tokens; the model's maximum is {spec.max_seq_length}")
+                           f"sequence {lengths.index(longest)} has {longest} tokens; the model's maximum is {spec.max_seq_length}")
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size):
         bad = int(ids[(ids < 0) | (ids >= spec.vocab_size)][0])
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"token id {bad} is outside the vocabulary [0, {spec.vocab_size})")
-    splits = np.cumsum(lengths)[:-1]
-    seqs = np.split(ids, splits)
+    bounds = list(itertools.accumulate(lengths, initial=0))
+    seqs = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
     tts: list[np.ndarray | None] | None = None
     if req.token_type_ids:
         tt = np.frombuffer(req.token_type_ids, dtype="<i4")
         if tt.size != ids.size:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_type_ids and input_ids differ in length")
-        tts = list(np.split(tt, splits))
+        tts = [tt[a:b] for a, b in zip(bounds, bounds[1:])]
     return seqs, tts
+
+
+def _is_ready(handle: Any) -> bool:
+    """True when ``handle.wait()`` would return at once (handles without ``ready()`` never are)."""
+    ready = getattr(handle, "ready", None)
+    return ready is not None and bool(ready())
 
 
 class InferenceService:
@@ -167,7 +180,10 @@ class InferenceService:
             if sb is not None:
                 t_launch = time.perf_counter()
                 try:
-                    handle = await loop.run_in_executor(self._step_pool, self.engine.step, sb.batch)  # type: ignore[union-attr]
+                    if getattr(self.engine, "inline_step", False):  # no work to keep off the loop (no-op engine)
+                        handle = self.engine.step(sb.batch)  # type: ignore[union-attr]
+                    else:
+                        handle = await loop.run_in_executor(self._step_pool, self.engine.step, sb.batch)  # type: ignore[union-attr]
                 except Exception as e:  # noqa: BLE001 - one bad batch must not stop the replica
                     log.exception("engine step failed")
                     self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
@@ -177,7 +193,10 @@ class InferenceService:
             if inflight:
                 sb0, h, t0 = inflight.popleft()
                 try:
-                    rows = await loop.run_in_executor(self._wait_pool, h.wait)
+                    if _is_ready(h):  # nothing to block on (CPU engine, finished CUDA event): no thread hop
+                        rows = h.wait()
+                    else:
+                        rows = await loop.run_in_executor(self._wait_pool, h.wait)
                 except Exception as e:  # noqa: BLE001
                     log.exception("engine result failed")
                     self.scheduler.complete(sb0, None, error=f"engine failure: {type(e).__name__}: {e}")
