@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from bouquet.engine.layers import RMSNorm
+from bouquet.engine.layers import RMSNorm, activation
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -149,7 +146,7 @@ def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.L
     return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
 
 
-def add_rms_norm(x: torch.Tensor, norm: "RMSNorm", residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
     (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype.
 
@@ -180,7 +177,7 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tupl
     return freqs.cos(), freqs.sin()
 
 
-def qk_norm_rope(qkv: torch.Tensor, q_norm: "RMSNorm", k_norm: "RMSNorm", cos: torch.Tensor, sin: torch.Tensor,
+def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor,
                  n_q: int, n_kv: int, head_dim: int, qk_weight: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused QKV rows [T, (n_q + 2·n_kv)·head_dim] → (q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]):
@@ -238,8 +235,6 @@ def linear_gelu(x: torch.Tensor, linear: torch.nn.Linear, act_name: str) -> torc
     """x [T, in] → act(linear(x)) [T, out], same dtype. One GEMM with a GELU epilogue on CUDA
     (fp16/bf16, GELU-family ``act_name``); eager linear + activation otherwise.
     Raises ValueError for an unknown activation (from ``layers.activation``)."""
-    from bouquet.engine.layers import activation
-
     if x.is_cuda and x.dtype in _FUSED_DTYPES and act_name in _GELUS and linear.bias is not None and x.dim() == 2:
         return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
     return activation(act_name)(linear(x))
