@@ -1,9 +1,9 @@
 """Two graph-path figures the GPU issue asks for that `bouquet bench` does not take:
 
-1. p99 during graph warm-up vs after: a fresh engine (no start-up capture) serves a stream of
-   batch-1 requests whose lengths cycle through ``--lengths``; the first ``--warm`` requests see
-   every bucket eager once and captured once; the next ``--steady`` are replays. Latency =
-   ``step()`` to result, ms.
+1. p99 during graph warm-up vs after: a fresh engine (``warmup()`` done as the server does, no
+   start-up capture) serves a stream of batch-1 requests whose lengths cycle through
+   ``--lengths``; the first ``--warm`` requests see every bucket eager once and captured once; the
+   next ``--steady`` are replays. Latency = ``step()`` to result, ms, overall and per length.
 2. Memory with every bucket up to the graph threshold captured: token counts 64 … 1,024 step 64
    and 1,280 … ``max_tokens`` step 256, each with slots {1, 8, 64, 512} where they fit and
    ``max_seqlen`` = min(tokens, the model's maximum). Reports graphs captured, capture seconds and
@@ -32,19 +32,31 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def warmup_latency(engine, lengths: list[int], warm: int, steady: int) -> dict:  # type: ignore[no-untyped-def]
+    """Batch-1 requests cycling through ``lengths``: the first ``warm`` see each bucket eager once and
+    captured once, the next ``steady`` are replays. Overall and per-length figures, ms."""
     from bouquet.engine.batch import Batch
 
     rng = np.random.default_rng(0)
-    lat: list[float] = []
+    lat: list[tuple[int, float]] = []
     for i in range(warm + steady):
-        batch = Batch.pack([rng.integers(1000, 30000, size=lengths[i % len(lengths)], dtype=np.int32)])
+        n = lengths[i % len(lengths)]
+        batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32)])
         t0 = time.perf_counter()
         engine.step(batch).wait()
-        lat.append((time.perf_counter() - t0) * 1e3)
-    w, s = lat[:warm], lat[warm:]
+        lat.append((n, (time.perf_counter() - t0) * 1e3))
+    w, s = [x for _, x in lat[:warm]], [x for _, x in lat[warm:]]
+    per_length = {}
+    for n in lengths:
+        mine = [x for m, x in lat if m == n]
+        sw, ss = mine[:2], mine[2:]
+        per_length[n] = {"eager_first_ms": round(sw[0], 3), "capture_ms": round(sw[1], 3) if len(sw) > 1 else None,
+                         "steady_p50_ms": percentile(ss, 50), "steady_p99_ms": percentile(ss, 99),
+                         "steady_p99_over_p50": round(percentile(ss, 99) / percentile(ss, 50), 3)}
     return {"warm_requests": warm, "warm_p50_ms": percentile(w, 50), "warm_p99_ms": percentile(w, 99),
             "warm_max_ms": round(max(w), 3), "steady_requests": steady, "steady_p50_ms": percentile(s, 50),
-            "steady_p99_ms": percentile(s, 99), "graphs": engine.graphs.stats()["captured"] if engine.graphs else 0}
+            "steady_p99_ms": percentile(s, 99), "per_length": per_length,
+            "graphs": engine.graphs.stats()["captured"] if engine.graphs else 0,
+            "capture_s": engine.graphs.stats()["capture_s"] if engine.graphs else 0}
 
 
 def all_buckets(max_tokens: int, max_len: int, max_seqs: int) -> list:  # type: ignore[type-arg]
@@ -78,6 +90,9 @@ def main() -> None:
     res: dict = {"commit": source_commit(REPO), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "shape": a.shape, "lengths": lengths}
     engine = Engine(spec, "cuda", "bfloat16", spin_wait=True)
+    t0 = time.perf_counter()
+    engine.warmup()  # what the server does before /health turns green: kernels compiled, one eager step
+    res["server_warmup_s"] = round(time.perf_counter() - t0, 2)
     res["warmup"] = warmup_latency(engine, lengths, a.warm, a.steady)
     print(json.dumps(res["warmup"], indent=1), flush=True)
     del engine

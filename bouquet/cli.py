@@ -129,6 +129,7 @@ def bench(
     openai_url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible base URL (system 'openai')."),
     openai_model: Optional[str] = typer.Option(None),
     commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
+    gateway_workers: int = typer.Option(1, help="Gateway worker processes of the HTTP server the bench starts."),
 ) -> None:
     """Run DESIGN.md's benchmarks against bouquet and the transformers baseline, side by side."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -144,7 +145,7 @@ def bench(
     opts = BenchOptions(models=tuple(model), systems=tuple(system), benchmarks=tuple(benchmarks.split(",")), device=device,
                         out=out, models_root=models_root or out / "models", tokenizer=tokenizer, tiny=tiny,
                         settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,
-                        openai_model=openai_model, commit=commit)
+                        openai_model=openai_model, commit=commit, gateway_workers=gateway_workers)
     results, files = run_bench(opts)
     typer.echo((out / "results.md").read_text())
     for f in files:

@@ -115,8 +115,11 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     seen = set()
     for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20))):
         batch = Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
-        seen.add(bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, 8192, 512))
+        bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, 8192, 512)
+        assert eng.replays(batch) == (bucket in seen)  # only captured buckets are cheap steps
+        seen.add(bucket)
         rows = [eng.step(batch).wait() for _ in range(3)]  # eager warm-up, capture, replay
+        assert eng.replays(batch)
         want = eng.forward(batch).cpu().numpy()
         for r in rows:
             np.testing.assert_allclose(r, want, atol=1e-2, rtol=1e-2)

@@ -44,6 +44,7 @@ class BenchOptions:
     openai_model: str | None = None
     graph_check: bool = True
     commit: str | None = None
+    gateway_workers: int = 1  # gateway processes of the HTTP server the bench starts
 
 
 def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
             "cpu": f"{platform.processor() or platform.machine()} x{__import__('os').cpu_count()}",
             "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "matmul_tflops": rate / 1e12,
-            "settings": opts.settings.__dict__, "device": opts.device}
+            "settings": opts.settings.__dict__, "device": opts.device, "gateway_workers": opts.gateway_workers}
 
 
 def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.Generator) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
     if system in ("grpc", "http"):
         given = opts.grpc_address if system == "grpc" else opts.http_url
         if given is None:  # start our own and watch it while it loads
-            servers.append(ServerProcess(system, model_dir, opts.device))
+            servers.append(ServerProcess(system, model_dir, opts.device, gateway_workers=opts.gateway_workers))
         address = given or servers[-1].address
         remote: GrpcTarget | HttpTarget = GrpcTarget(address) if system == "grpc" else HttpTarget(address)
         remote.wait_ready(300, servers[-1].check if servers else lambda: None)

@@ -16,7 +16,6 @@ launch with the previous wait by holding the lock only around ``step``.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import subprocess
 import sys
@@ -146,22 +145,58 @@ class GrpcTarget(Target):
 
 
 class HttpTarget(Target):
+    """``/v1/embeddings`` over keep-alive HTTP/1.1: one ``http.client`` connection per client
+    thread, bodies encoded and decoded with orjson. The client's own cost is part of every
+    figure it takes, so it is kept small: httpx and the stdlib json module cost ~8 ms of client
+    CPU for a request of 100 × 512 token ids (orjson: 0.7 ms)."""
+
     tokenizes = True
 
     def __init__(self, url: str, model: str | None = None, name: str = "bouquet-http") -> None:
-        import httpx
+        from urllib.parse import urlsplit
 
         self.url = url.rstrip("/") + "/v1/embeddings"
+        parts = urlsplit(self.url)
+        self._https, self._host, self._port = parts.scheme == "https", parts.hostname or "127.0.0.1", parts.port
+        self._path = parts.path
         self.model, self.name = model, name
-        self.client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64))
+        self._local = threading.local()
+        self._conns: list[Any] = []
+
+    def _conn(self) -> Any:
+        import http.client
+
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            c = self._local.conn = cls(self._host, self._port, timeout=600)
+            self._conns.append(c)
+        return c
+
+    def _request(self, method: str, path: str, body: bytes | None = None, timeout: float = 600) -> tuple[int, bytes]:
+        c = self._conn()
+        if c.timeout != timeout:
+            c.timeout = timeout
+            if c.sock is not None:
+                c.sock.settimeout(timeout)
+        try:
+            c.request(method, path, body=body, headers={"content-type": "application/json"} if body else {})
+            r = c.getresponse()
+            return r.status, r.read()
+        except Exception:
+            c.close()  # reconnects on the next call
+            raise
 
     def _post(self, inputs: Any) -> np.ndarray:
+        import orjson
+
         body: dict[str, Any] = {"input": inputs, "encoding_format": "base64"}
         if self.model:
             body["model"] = self.model
-        r = self.client.post(self.url, content=json.dumps(body), headers={"content-type": "application/json"})
-        r.raise_for_status()
-        data = sorted(r.json()["data"], key=lambda d: d["index"])
+        status, raw = self._request("POST", self._path, orjson.dumps(body))
+        if status != 200:
+            raise RuntimeError(f"POST {self.url} answered {status}: {raw[:300]!r}")
+        data = sorted(orjson.loads(raw)["data"], key=lambda d: d["index"])
         return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in data])
 
     def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
@@ -173,19 +208,20 @@ class HttpTarget(Target):
     def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
         """Poll /health until 200; ``alive`` raises when the server process has died."""
         deadline = time.monotonic() + timeout_s
-        health = self.url.removesuffix("/v1/embeddings") + "/health"
+        health = self._path.removesuffix("/v1/embeddings") + "/health"
         while time.monotonic() < deadline:
             alive()
             try:
-                if self.client.get(health, timeout=2).status_code == 200:
+                if self._request("GET", health, timeout=2)[0] == 200:
                     return
             except Exception:  # noqa: BLE001 - not up yet
                 pass
             time.sleep(0.3)
-        raise TimeoutError(f"{health} not healthy after {timeout_s}s")
+        raise TimeoutError(f"{self.url} not healthy after {timeout_s}s")
 
     def close(self) -> None:
-        self.client.close()
+        for c in self._conns:
+            c.close()
 
 
 class ServerProcess:
@@ -193,7 +229,8 @@ class ServerProcess:
 
     Raises RuntimeError with the log's tail when it exits before becoming ready."""
 
-    def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None,
+                 gateway_workers: int = 1) -> None:
         from bouquet.config import ServeConfig
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
@@ -215,7 +252,7 @@ class ServerProcess:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--device", device,
-                   "--port", str(port), "--log-level", "warning",
+                   "--port", str(port), "--log-level", "warning", "--gateway-workers", str(gateway_workers),
                    "--max-request-bytes", str(256 * 1024 * 1024)]  # benchmark 3 sends 100 × 4,096 ids as JSON
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             self.address = f"http://127.0.0.1:{port}"

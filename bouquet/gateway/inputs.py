@@ -72,6 +72,10 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
 
 
 def _check_ids(ids: list[Any], param: str) -> None:
+    # The common case checked at C speed: only ints (bool is its own type), all in int32 range.
+    # A Python loop over each id cost ~13 ms per 100 × 512 ids (bench/results/*gateway-ids*).
+    if set(map(type, ids)) == {int} and -(2**31) <= min(ids) and max(ids) < 2**31:
+        return
     for j, t in enumerate(ids):
         if not _is_int(t):
             raise bad_request(f"{param}[{j}] must be an integer token id, got {type(t).__name__}", param, "invalid_type")

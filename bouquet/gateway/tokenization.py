@@ -109,7 +109,7 @@ class TextTokenizer:
         Raises ValueError naming the sequence and the bad id, or TooLong."""
         out = []
         for i, s in enumerate(seqs):
-            arr = np.asarray(s, dtype=np.int64)
+            arr = np.asarray(s, dtype=np.int32)  # parse_inputs checked the int32 range
             if arr.size == 0:
                 raise ValueError(f"input {i} is an empty list of token ids")
             bad = arr[(arr < 0) | (arr >= self.vocab_size)]
@@ -119,7 +119,7 @@ class TextTokenizer:
                 if not truncate:
                     raise TooLong(i, int(arr.size), self.spec.max_seq_length)
                 arr = arr[: self.spec.max_seq_length] if side == "right" else arr[-self.spec.max_seq_length:]
-            out.append(arr.astype(np.int32))
+            out.append(arr)
         return Encoded(out, None, int(sum(len(x) for x in out)))
 
     # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------

@@ -1,0 +1,145 @@
+"""The replica's engine loop (server/service.py ``run``) on the CPU, with an engine that behaves like a
+device: ``step`` returns at once, the handle turns ready after the batch's "device time".
+
+Checks where work happens (graph replays stepped and polled on the event loop, other batches in
+helper threads), that the next batch launches while one is still running, that a replay running
+past the poll limit is waited for in a thread, and that every request gets its own rows.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bouquet.config import ServeConfig
+from bouquet.engine.batch import Batch
+from bouquet.modelspec import load_spec
+from bouquet.server import service as service_mod
+from bouquet.server.scheduler import Request
+from bouquet.server.service import InferenceService
+
+DIM = 4
+
+
+@dataclass
+class Handle:
+    rows: np.ndarray
+    done_at: float
+    waited_on: list[int] = field(default_factory=list)
+
+    def ready(self) -> bool:
+        return time.perf_counter() >= self.done_at
+
+    def wait(self) -> np.ndarray:
+        self.waited_on.append(threading.get_ident())
+        left = self.done_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return self.rows
+
+
+class DeviceLikeEngine:
+    """Batches of at most ``graph_tokens`` tokens are "graph replays"; device time per batch is
+    ``seconds(batch)``. Row i of a batch = [first token id of sequence i, 0, 0, 0]."""
+
+    def __init__(self, graph_tokens: int, seconds) -> None:  # type: ignore[no-untyped-def]
+        self.graph_tokens, self.seconds = graph_tokens, seconds
+        self.steps: list[tuple[int, int, float, Handle]] = []  # (thread, tokens, launch time, handle)
+        self._device_free_at = 0.0
+
+    def replays(self, batch: Batch) -> bool:
+        return batch.num_tokens <= self.graph_tokens
+
+    def step(self, batch: Batch) -> Handle:
+        now = time.perf_counter()
+        start = max(now, self._device_free_at)  # one stream: batches run back to back
+        self._device_free_at = start + self.seconds(batch)
+        firsts = batch.input_ids[batch.cu_seqlens[:-1]].astype(np.float32)
+        rows = np.zeros((batch.num_seqs, DIM), np.float32)
+        rows[:, 0] = firsts
+        h = Handle(rows, self._device_free_at)
+        self.steps.append((threading.get_ident(), batch.num_tokens, now, h))
+        return h
+
+
+def request(first_ids: list[int], length: int) -> Request:
+    return Request([np.full(length, f, np.int32) for f in first_ids])
+
+
+async def submit(svc: InferenceService, req: Request) -> np.ndarray:
+    fut = asyncio.get_running_loop().create_future()
+    req.on_done = lambda r: fut.done() or fut.set_result(None)
+    svc.scheduler.add(req)
+    svc._wake.set()
+    await fut
+    assert req.error is None, req.error
+    return np.stack(req.rows)  # type: ignore[arg-type]
+
+
+def run_loop(engine: DeviceLikeEngine, body, spin_wait: bool = True):  # type: ignore[no-untyped-def]
+    async def main():  # type: ignore[no-untyped-def]
+        svc = InferenceService(ServeConfig(spin_wait=spin_wait), load_spec(None), max_batch_tokens=1024, depth=2)
+        svc.attach(engine)
+        task = asyncio.create_task(svc.run())
+        try:
+            return await body(svc), threading.get_ident()
+        finally:
+            task.cancel()
+    return asyncio.run(main())
+
+
+def test_graph_replays_run_and_are_polled_on_the_loop_others_in_threads() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.003)
+
+    async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
+        small = await submit(svc, request([11], 16))
+        large = await submit(svc, request([21, 22], 200))
+        return small, large
+
+    (small, large), loop_thread = run_loop(engine, body)
+    assert small[:, 0].tolist() == [11] and large[:, 0].tolist() == [21, 22]
+    (t_small, _, _, h_small), (t_large, _, _, h_large) = engine.steps
+    assert t_small == loop_thread and h_small.waited_on == [loop_thread]  # stepped and read on the loop
+    assert t_large != loop_thread and h_large.waited_on and h_large.waited_on[0] != loop_thread
+
+
+def test_without_spin_wait_a_running_replay_is_waited_for_in_a_thread() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.005)
+
+    async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
+        return await submit(svc, request([5], 8))
+
+    rows, loop_thread = run_loop(engine, body, spin_wait=False)
+    assert rows[:, 0].tolist() == [5]
+    (t, _, _, h), = engine.steps
+    assert t == loop_thread and h.waited_on and h.waited_on[0] != loop_thread
+
+
+def test_next_batch_launches_while_a_polled_replay_runs() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.010)
+
+    async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
+        first = asyncio.create_task(submit(svc, request([1], 32)))
+        await asyncio.sleep(0.002)  # the first batch is on the "device" now
+        second = asyncio.create_task(submit(svc, request([2], 32)))
+        return await first, await second
+
+    (a, b), _ = run_loop(engine, body)
+    assert a[:, 0].tolist() == [1] and b[:, 0].tolist() == [2]
+    (_, _, _, h1), (_, _, launch2, _) = engine.steps
+    assert launch2 < h1.done_at  # launched before the first batch finished: two in flight
+
+
+def test_replay_running_past_the_poll_limit_moves_to_a_thread() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: service_mod.POLL_LIMIT_S * 3)
+
+    async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
+        return await asyncio.gather(*(submit(svc, request([k], 20)) for k in (7, 8, 9)))
+
+    results, loop_thread = run_loop(engine, body)
+    assert [r[:, 0].tolist() for r in results] == [[7], [8], [9]]
+    h = engine.steps[0][3]
+    assert h.waited_on and h.waited_on[0] != loop_thread
