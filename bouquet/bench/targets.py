@@ -230,14 +230,14 @@ class ServerProcess:
     Raises RuntimeError with the log's tail when it exits before becoming ready."""
 
     def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None,
-                 gateway_workers: int = 1) -> None:
+                 gateway_workers: int = 1, engine: str = "torch") -> None:
         from bouquet.config import ServeConfig
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
         self.log = open(self.tmp / "server.log", "wb")
         env = {**os.environ, **(extra_env or {})}
         if kind == "grpc":
-            cfg = ServeConfig(model=str(model_dir), device=device).validate()  # type: ignore[arg-type]
+            cfg = ServeConfig(model=str(model_dir), device=device, engine=engine).validate()  # type: ignore[arg-type]
             port_file = self.tmp / "port"
             cmd = [sys.executable, "-m", "bouquet.server", "--config", cfg.to_json(), "--port-file", str(port_file)]
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
