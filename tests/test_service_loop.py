@@ -1,9 +1,10 @@
 """The replica's engine loop (server/service.py ``run``) on the CPU, with an engine that behaves like a
 device: ``step`` returns at once, the handle turns ready after the batch's "device time".
 
-Checks where work happens (graph replays stepped and polled on the event loop, other batches in
-helper threads), that the next batch launches while one is still running, that a replay running
-past the poll limit is waited for in a thread, and that every request gets its own rows.
+Checks where work happens (graph replays stepped on the event loop, other batches and waits in
+helper threads, finished results read on the loop), that work arriving while a batch runs is
+launched at once, that no more than ``depth`` batches are in flight, and that every request gets
+its own rows.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import numpy as np
 from bouquet.config import ServeConfig
 from bouquet.engine.batch import Batch
 from bouquet.modelspec import load_spec
-from bouquet.server import service as service_mod
 from bouquet.server.scheduler import Request
 from bouquet.server.service import InferenceService
 
@@ -79,9 +79,9 @@ async def submit(svc: InferenceService, req: Request) -> np.ndarray:
     return np.stack(req.rows)  # type: ignore[arg-type]
 
 
-def run_loop(engine: DeviceLikeEngine, body, spin_wait: bool = True):  # type: ignore[no-untyped-def]
+def run_loop(engine: DeviceLikeEngine, body):  # type: ignore[no-untyped-def]
     async def main():  # type: ignore[no-untyped-def]
-        svc = InferenceService(ServeConfig(spin_wait=spin_wait), load_spec(None), max_batch_tokens=1024, depth=2)
+        svc = InferenceService(ServeConfig(), load_spec(None), max_batch_tokens=1024, depth=2)
         svc.attach(engine)
         task = asyncio.create_task(svc.run())
         try:
@@ -91,7 +91,7 @@ def run_loop(engine: DeviceLikeEngine, body, spin_wait: bool = True):  # type: i
     return asyncio.run(main())
 
 
-def test_graph_replays_run_and_are_polled_on_the_loop_others_in_threads() -> None:
+def test_graph_replays_are_stepped_on_the_loop_other_batches_in_a_thread() -> None:
     engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.003)
 
     async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
@@ -102,44 +102,52 @@ def test_graph_replays_run_and_are_polled_on_the_loop_others_in_threads() -> Non
     (small, large), loop_thread = run_loop(engine, body)
     assert small[:, 0].tolist() == [11] and large[:, 0].tolist() == [21, 22]
     (t_small, _, _, h_small), (t_large, _, _, h_large) = engine.steps
-    assert t_small == loop_thread and h_small.waited_on == [loop_thread]  # stepped and read on the loop
-    assert t_large != loop_thread and h_large.waited_on and h_large.waited_on[0] != loop_thread
+    assert t_small == loop_thread and t_large != loop_thread
+    # both were still running when the loop got to them: waited for off the loop
+    assert h_small.waited_on and h_small.waited_on[0] != loop_thread
+    assert h_large.waited_on and h_large.waited_on[0] != loop_thread
 
 
-def test_without_spin_wait_a_running_replay_is_waited_for_in_a_thread() -> None:
-    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.005)
+def test_a_finished_result_is_read_on_the_loop() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.0)
 
     async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
         return await submit(svc, request([5], 8))
 
-    rows, loop_thread = run_loop(engine, body, spin_wait=False)
+    rows, loop_thread = run_loop(engine, body)
     assert rows[:, 0].tolist() == [5]
     (t, _, _, h), = engine.steps
-    assert t == loop_thread and h.waited_on and h.waited_on[0] != loop_thread
+    assert t == loop_thread and h.waited_on == [loop_thread]
 
 
-def test_next_batch_launches_while_a_polled_replay_runs() -> None:
-    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.010)
+def test_work_arriving_during_a_wait_launches_at_once() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.030)
 
     async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
         first = asyncio.create_task(submit(svc, request([1], 32)))
-        await asyncio.sleep(0.002)  # the first batch is on the "device" now
+        await asyncio.sleep(0.005)  # the first batch is on the "device", its wait in a thread
         second = asyncio.create_task(submit(svc, request([2], 32)))
         return await first, await second
 
     (a, b), _ = run_loop(engine, body)
     assert a[:, 0].tolist() == [1] and b[:, 0].tolist() == [2]
     (_, _, _, h1), (_, _, launch2, _) = engine.steps
-    assert launch2 < h1.done_at  # launched before the first batch finished: two in flight
+    assert launch2 < h1.done_at  # launched while the first batch still ran: two in flight
 
 
-def test_replay_running_past_the_poll_limit_moves_to_a_thread() -> None:
-    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: service_mod.POLL_LIMIT_S * 3)
+def test_depth_bounds_batches_in_flight_and_all_requests_complete() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.004)
 
     async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
-        return await asyncio.gather(*(submit(svc, request([k], 20)) for k in (7, 8, 9)))
+        tasks = []
+        for k in range(8):
+            tasks.append(asyncio.create_task(submit(svc, request([100 + k], 40))))
+            await asyncio.sleep(0.001)
+        return await asyncio.gather(*tasks)
 
-    results, loop_thread = run_loop(engine, body)
-    assert [r[:, 0].tolist() for r in results] == [[7], [8], [9]]
-    h = engine.steps[0][3]
-    assert h.waited_on and h.waited_on[0] != loop_thread
+    results, _ = run_loop(engine, body)
+    assert [r[:, 0].tolist() for r in results] == [[100 + k] for k in range(8)]
+    # at any launch, at most depth (2) earlier batches had not finished yet
+    for i, (_, _, launch, _) in enumerate(engine.steps):
+        running = [h for _, _, _, h in engine.steps[:i] if h.done_at > launch]
+        assert len(running) <= 1  # the service launches only with fewer than depth (2) in flight

@@ -2,10 +2,9 @@
 
 The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (``engine.step``
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
-so the asyncio loop keeps serving gRPC. Cheap steps (a CUDA-graph replay, the no-op engine) run on
-the loop, and a short replay is polled from it (``run``): no thread hops at batch 1. What this
-module does not own: batching policy (scheduler.py), model math (engine/), HTTP and tokenization
-(gateway/).
+so the asyncio loop keeps serving gRPC and launching new work meanwhile. Cheap steps (a CUDA-graph
+replay, the no-op engine) run on the loop: no thread hop to launch them. What this module does not
+own: batching policy (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -28,9 +28,6 @@ from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatc
 from bouquet.server.stats import ReplicaStats
 
 log = logging.getLogger(__name__)
-
-# Longest a running graph replay is polled from the event loop before the wait moves to a thread.
-POLL_LIMIT_S = 0.02
 
 
 class StepEngine(Protocol):
@@ -86,6 +83,16 @@ def _is_ready(handle: Any) -> bool:
     """True when ``handle.wait()`` would return at once (handles without ``ready()`` never are)."""
     ready = getattr(handle, "ready", None)
     return ready is not None and bool(ready())
+
+
+@dataclass
+class _InFlight:
+    """A launched batch: its lazy handle and, once the loop waits for it, the helper thread's future."""
+
+    sb: ScheduledBatch
+    handle: Any
+    t_launch: float
+    waiter: "asyncio.Future[Any] | None" = None
 
 
 class InferenceService:
@@ -185,23 +192,23 @@ class InferenceService:
     async def run(self) -> None:
         """Form batches and drive the engine until cancelled.
 
-        Waiting for a batch: a finished handle is read on the loop. A graph replay still running
-        is polled from the loop when ``cfg.spin_wait`` is on (each poll yields to gRPC and may
-        launch the next batch), for at most ``POLL_LIMIT_S``; anything else is waited for in a
-        helper thread. Two thread handoffs cost ~0.2 ms on a VM's vCPUs, a poll ~2 µs.
+        The oldest batch in flight is waited for in a helper thread (a finished one is read on
+        the loop) while the loop stays free: work that arrives meanwhile is launched at once, up
+        to ``depth`` batches in flight, so it queues on the device behind the running batch
+        instead of behind the wait's thread handoff. The loop never spins on the device: a loop
+        that polled with ``sleep(0)`` starved gRPC's own thread of the GIL (served bge-base
+        throughput fell by a fifth on the H200, bench/results/h200-2026-11-30b).
         """
         loop = asyncio.get_running_loop()
-        poll = bool(getattr(self.cfg, "spin_wait", False))
-        inflight: deque[tuple[ScheduledBatch, Any, float, bool]] = deque()
+        inflight: deque[_InFlight] = deque()
         while True:
             sb = None
             if self.engine is not None and len(inflight) < self.depth:
                 sb = self.scheduler.next_batch()
             if sb is not None:
                 t_launch = time.perf_counter()
-                inline = self._inline(sb.batch)
                 try:
-                    if inline:
+                    if self._inline(sb.batch):
                         handle = self.engine.step(sb.batch)  # type: ignore[union-attr]
                     else:
                         handle = await loop.run_in_executor(self._step_pool, self.engine.step, sb.batch)  # type: ignore[union-attr]
@@ -209,30 +216,42 @@ class InferenceService:
                     log.exception("engine step failed")
                     self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
                     continue
-                inflight.append((sb, handle, t_launch, inline))
+                inflight.append(_InFlight(sb, handle, t_launch))
                 continue
             if inflight:
-                sb0, h, t0, inline0 = inflight[0]
-                ready = _is_ready(h)
-                if not ready and poll and inline0 and time.perf_counter() - t0 < POLL_LIMIT_S:
-                    await asyncio.sleep(0)
+                head = inflight[0]
+                if head.waiter is None and not _is_ready(head.handle):
+                    head.waiter = loop.run_in_executor(self._wait_pool, head.handle.wait)
+                if head.waiter is not None and not head.waiter.done():
+                    await self._wait_or_new_work(head.waiter, room=len(inflight) < self.depth)
                     continue
                 inflight.popleft()
                 try:
-                    if ready:  # nothing to block on (CPU engine, finished CUDA event): no thread hop
-                        rows = h.wait()
-                    else:
-                        rows = await loop.run_in_executor(self._wait_pool, h.wait)
+                    rows = head.waiter.result() if head.waiter is not None else head.handle.wait()
                 except Exception as e:  # noqa: BLE001
                     log.exception("engine result failed")
-                    self.scheduler.complete(sb0, None, error=f"engine failure: {type(e).__name__}: {e}")
+                    self.scheduler.complete(head.sb, None, error=f"engine failure: {type(e).__name__}: {e}")
                     continue
-                self.stats.observe_step(sb0.batch.num_tokens, sb0.batch.num_seqs, time.perf_counter() - t0)
-                self.scheduler.complete(sb0, rows)
+                self.stats.observe_step(head.sb.batch.num_tokens, head.sb.batch.num_seqs, time.perf_counter() - head.t_launch)
+                self.scheduler.complete(head.sb, rows)
                 continue
             self._wake.clear()
             if not self.scheduler.has_pending():
                 await self._wake.wait()
+
+    async def _wait_or_new_work(self, waiter: "asyncio.Future[Any]", room: bool) -> None:
+        """Until ``waiter`` is done, or (with ``room`` for another batch) new work arrives."""
+        if not room:
+            await asyncio.wait([waiter])
+            return
+        self._wake.clear()
+        if self.scheduler.has_pending():
+            return
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait([waiter, woken], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new work and wait (bounded) for requests in flight to finish."""
