@@ -2,8 +2,8 @@
 
 The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (``engine.step``
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
-so the asyncio loop keeps serving gRPC and launching new work meanwhile. Cheap steps (a CUDA-graph
-replay, the no-op engine) run on the loop: no thread hop to launch them. What this module does not
+so the asyncio loop keeps serving gRPC. Cheap steps (a CUDA-graph replay, the no-op engine) run on
+the loop: no thread hop to launch them. What this module does not
 own: batching policy (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -83,16 +82,6 @@ def _is_ready(handle: Any) -> bool:
     """True when ``handle.wait()`` would return at once (handles without ``ready()`` never are)."""
     ready = getattr(handle, "ready", None)
     return ready is not None and bool(ready())
-
-
-@dataclass
-class _InFlight:
-    """A launched batch: its lazy handle and, once the loop waits for it, the helper thread's future."""
-
-    sb: ScheduledBatch
-    handle: Any
-    t_launch: float
-    waiter: "asyncio.Future[Any] | None" = None
 
 
 class InferenceService:
@@ -192,15 +181,15 @@ class InferenceService:
     async def run(self) -> None:
         """Form batches and drive the engine until cancelled.
 
-        The oldest batch in flight is waited for in a helper thread (a finished one is read on
-        the loop) while the loop stays free: work that arrives meanwhile is launched at once, up
-        to ``depth`` batches in flight, so it queues on the device behind the running batch
-        instead of behind the wait's thread handoff. The loop never spins on the device: a loop
-        that polled with ``sleep(0)`` starved gRPC's own thread of the GIL (served bge-base
-        throughput fell by a fifth on the H200, bench/results/h200-2026-11-30b).
+        A cheap step (``_inline``) is launched on the loop, any other in a helper thread; a
+        finished handle is read on the loop, a running one waited for in a helper thread.
+        Measured on the H200 (bench/results/h200-2026-11-30b/README.md): a loop that polled the
+        device with ``sleep(0)`` starved gRPC's own thread of the GIL, and launching work that
+        arrives during a wait at once (instead of after it) cost bge-base 5-10% of its served
+        100 × 512 throughput; neither is done.
         """
         loop = asyncio.get_running_loop()
-        inflight: deque[_InFlight] = deque()
+        inflight: deque[tuple[ScheduledBatch, Any, float]] = deque()
         while True:
             sb = None
             if self.engine is not None and len(inflight) < self.depth:
@@ -216,42 +205,25 @@ class InferenceService:
                     log.exception("engine step failed")
                     self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
                     continue
-                inflight.append(_InFlight(sb, handle, t_launch))
+                inflight.append((sb, handle, t_launch))
                 continue
             if inflight:
-                head = inflight[0]
-                if head.waiter is None and not _is_ready(head.handle):
-                    head.waiter = loop.run_in_executor(self._wait_pool, head.handle.wait)
-                if head.waiter is not None and not head.waiter.done():
-                    await self._wait_or_new_work(head.waiter, room=len(inflight) < self.depth)
-                    continue
-                inflight.popleft()
+                sb0, h, t0 = inflight.popleft()
                 try:
-                    rows = head.waiter.result() if head.waiter is not None else head.handle.wait()
+                    if _is_ready(h):  # nothing to block on (CPU engine, finished CUDA event): no thread hop
+                        rows = h.wait()
+                    else:
+                        rows = await loop.run_in_executor(self._wait_pool, h.wait)
                 except Exception as e:  # noqa: BLE001
                     log.exception("engine result failed")
-                    self.scheduler.complete(head.sb, None, error=f"engine failure: {type(e).__name__}: {e}")
+                    self.scheduler.complete(sb0, None, error=f"engine failure: {type(e).__name__}: {e}")
                     continue
-                self.stats.observe_step(head.sb.batch.num_tokens, head.sb.batch.num_seqs, time.perf_counter() - head.t_launch)
-                self.scheduler.complete(head.sb, rows)
+                self.stats.observe_step(sb0.batch.num_tokens, sb0.batch.num_seqs, time.perf_counter() - t0)
+                self.scheduler.complete(sb0, rows)
                 continue
             self._wake.clear()
             if not self.scheduler.has_pending():
                 await self._wake.wait()
-
-    async def _wait_or_new_work(self, waiter: "asyncio.Future[Any]", room: bool) -> None:
-        """Until ``waiter`` is done, or (with ``room`` for another batch) new work arrives."""
-        if not room:
-            await asyncio.wait([waiter])
-            return
-        self._wake.clear()
-        if self.scheduler.has_pending():
-            return
-        woken = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait([waiter, woken], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new work and wait (bounded) for requests in flight to finish."""
