@@ -16,9 +16,11 @@ TITLES = {
 
 
 def _cell(row: dict[str, Any]) -> str:
+    gpu = row.get("gpu")
+    clock = f" {gpu['sm_mhz']:.0f} MHz" if gpu else ""
     if "emb_s" in row:
-        return f"{row['emb_s']:,.0f} ({100 * row['roofline_frac']:.0f}%)"
-    return f"{row['p50']:.2f} / {row['p99']:.2f} ({100 * row['roofline_frac']:.0f}%)"
+        return f"{row['emb_s']:,.0f} ({100 * row['roofline_frac']:.0f}%){clock}"
+    return f"{row['p50']:.2f} / {row['p99']:.2f} ({100 * row['roofline_frac']:.0f}%){clock}"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -28,7 +30,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"commit `{meta.get('commit')}`, torch {meta.get('torch')}, transformers {meta.get('transformers')}, "
              f"matmul ceiling {meta['matmul_tflops']:.3g} TFLOP/s, {meta.get('date')}", "",
              "Latency cells: p50 / p99 ms (fraction of the roofline floor reached); throughput cells: emb/s "
-             "(fraction of the roofline ceiling). Roofline = model FLOPs / measured matmul rate.", ""]
+             "(fraction of the roofline ceiling). Roofline = model FLOPs / measured matmul rate. On a GPU, "
+             "each cell ends with the SM clock sampled halfway through the case.", ""]
     for model, res in results["models"].items():
         rows = res["rows"]
         lines.append(f"## {model}")

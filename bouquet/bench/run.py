@@ -12,6 +12,8 @@ measured matmul rate (``floor_ms`` / ``ceiling_emb_s``) and the fraction of it r
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -87,6 +89,43 @@ def cosine_check(target: Target, reference: Target, seqs: list[np.ndarray], tol:
     return worst
 
 
+def gpu_state() -> dict[str, float] | None:
+    """GPU 0's SM clock (MHz), power (W) and temperature (°C) from ``nvidia-smi``; None without one.
+
+    Recorded in every row, sampled halfway through the case: a long run heats the GPU and its
+    clock can drop, so a figure taken late in a run is only comparable with the clock next to it.
+    """
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits",
+                              "-i", "0"], capture_output=True, text=True, timeout=5).stdout
+        sm, power, temp = (x.strip() for x in out.splitlines()[0].split(","))
+        return {"sm_mhz": float(sm), "power_w": float(power), "temp_c": float(temp)}
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+class MidSample:
+    """``gpu_state()`` taken ``delay_s`` after the start, in a timer thread: ``with MidSample(d) as m: …; m.state``."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.state: dict[str, float] | None = None
+        self._timer = threading.Timer(delay_s, self._take)
+        self._timer.daemon = True
+
+    def _take(self) -> None:
+        self.state = gpu_state()
+
+    def __enter__(self) -> "MidSample":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
 def _timed(fn: Callable[[], Any], s: Settings) -> list[float]:
     for _ in range(s.warmup):
         fn()
@@ -111,12 +150,15 @@ def bench_latency(target: Target, shape: ModelShape, s: Settings, rate: float, r
     vocab = shape.config["vocab_size"]
     for L in (x for x in s.lat_lengths if x <= shape.max_len):
         seq = random_seqs(rng, [L], vocab)
-        ms = _timed(lambda: target.embed_ids(seq), s)
-        rows.append(_latency_row("1", f"b1 L{L}", target, ms, shape.sequence_flops(L), rate))
+        with MidSample(s.seconds / 2) as g:
+            ms = _timed(lambda: target.embed_ids(seq), s)
+        rows.append(_latency_row("1", f"b1 L{L}", target, ms, shape.sequence_flops(L), rate) | {"gpu": g.state})
     for B in s.score_batches:
         seqs = random_seqs(rng, [s.score_len] * B, vocab)
-        ms = _timed(lambda: target.embed_ids(seqs), s)
-        rows.append(_latency_row("2", f"b{B} L{s.score_len}", target, ms, B * shape.sequence_flops(s.score_len), rate))
+        with MidSample(s.seconds / 2) as g:
+            ms = _timed(lambda: target.embed_ids(seqs), s)
+        rows.append(_latency_row("2", f"b{B} L{s.score_len}", target, ms, B * shape.sequence_flops(s.score_len), rate)
+                    | {"gpu": g.state})
     return rows
 
 
@@ -161,10 +203,12 @@ def bench_throughput(target: Target, shape: ModelShape, s: Settings, rate: float
         cases.append((f"b{s.thr_batch} mixed {lo}-{hi}",
                       lambda r: random_seqs(r, list(r.integers(lo, hi + 1, size=s.thr_batch)), vocab), mean_flops))
     for case, make, seq_flops in cases:
-        emb_s = _throughput(target, make, s)
+        with MidSample(s.seconds / 2) as g:  # the warm-up before the timed part makes this a bit early
+            emb_s = _throughput(target, make, s)
         ceiling = rate / seq_flops
         rows.append({"bench": "3" if "mixed" not in case else "3-mixed", "case": case, "system": target.name,
-                     "emb_s": round(emb_s, 1), "ceiling_emb_s": round(ceiling, 1), "roofline_frac": round(emb_s / ceiling, 4)})
+                     "emb_s": round(emb_s, 1), "ceiling_emb_s": round(ceiling, 1), "roofline_frac": round(emb_s / ceiling, 4),
+                     "gpu": g.state})
     return rows
 
 
@@ -196,12 +240,14 @@ def bench_concurrency(target: Target, shape: ModelShape, s: Settings, rate: floa
                 i += c
 
         threads = [threading.Thread(target=client, args=(k,)) for k in range(c)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        with MidSample(s.seconds / 2) as g:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
         ms = [x for xs in lat for x in xs]
         row = _latency_row("4", f"c{c} L{s.conc_len}", target, ms, shape.sequence_flops(s.conc_len), rate)
+        row["gpu"] = g.state
         row["req_s"] = round(len(ms) / s.seconds, 1)
         rows.append(row)
     return rows
