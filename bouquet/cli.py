@@ -33,6 +33,11 @@ _MAX_QUEUE_TOKENS = typer.Option(4_000_000, help="Pending tokens per replica bef
 _INTERACTIVE_MAX_TOKENS = typer.Option(
     2048, help="Requests without 'priority' of at most this many tokens are interactive, larger ones batch.")
 _ENFORCE_EAGER = typer.Option(False, help="Disable CUDA graphs.")
+_GRAPH_MAX_TOKENS = typer.Option(8192, help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")
+_CAPTURE_BUCKET = typer.Option([], help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
+                               "instead of on its second use.")
+_BUCKET_STATS = typer.Option(None, help="Bucket-hit histogram (JSON): its hot buckets are captured at start-up and "
+                             "it is rewritten at shutdown.")
 _SPIN_WAIT = typer.Option(True, "--spin-wait/--no-spin-wait",
                           help="Wait for GPU results by spinning (lower batch-1 latency, one busy core per replica).")
 _ENGINE = typer.Option("torch", help="torch (the model) | noop (benchmarking aid: loads the model's spec and tokenizer "
@@ -73,6 +78,9 @@ def serve(
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
     no_truncate: bool = typer.Option(False, "--no-truncate", help="Refuse over-long inputs by default instead of truncating."),
     enforce_eager: bool = _ENFORCE_EAGER,
+    graph_max_tokens: int = _GRAPH_MAX_TOKENS,
+    capture_bucket: list[str] = _CAPTURE_BUCKET,
+    bucket_stats: Optional[str] = _BUCKET_STATS,
     spin_wait: bool = _SPIN_WAIT,
     engine: str = _ENGINE,
     log_level: str = typer.Option("info"),
@@ -89,7 +97,8 @@ def serve(
         max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens, replicas=replicas,
         gpus=gpu_list, servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive, api_key=api_key, truncate=not no_truncate,
-        enforce_eager=enforce_eager, spin_wait=spin_wait, engine=engine, log_level=log_level,
+        enforce_eager=enforce_eager, graph_max_tokens=graph_max_tokens, capture_buckets=tuple(capture_bucket),
+        bucket_stats_path=bucket_stats, spin_wait=spin_wait, engine=engine, log_level=log_level,
     )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve as run
@@ -223,6 +232,9 @@ def server_cmd(
     max_queue_tokens: int = _MAX_QUEUE_TOKENS,
     interactive_max_tokens: int = _INTERACTIVE_MAX_TOKENS,
     enforce_eager: bool = _ENFORCE_EAGER,
+    graph_max_tokens: int = _GRAPH_MAX_TOKENS,
+    capture_bucket: list[str] = _CAPTURE_BUCKET,
+    bucket_stats: Optional[str] = _BUCKET_STATS,
     spin_wait: bool = _SPIN_WAIT,
     engine: str = _ENGINE,
     log_level: str = typer.Option("info"),
@@ -232,7 +244,8 @@ def server_cmd(
         model=model, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
         device=device.split(":")[0], dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
         max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens,
-        enforce_eager=enforce_eager, spin_wait=spin_wait, engine=engine, log_level=log_level,
+        enforce_eager=enforce_eager, graph_max_tokens=graph_max_tokens, capture_buckets=tuple(capture_bucket),
+        bucket_stats_path=bucket_stats, spin_wait=spin_wait, engine=engine, log_level=log_level,
     )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve_replica

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bouquet.engine.buckets import Bucket  # bucket arithmetic only: no torch
+
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -102,6 +104,16 @@ class ServeConfig:
             raise ConfigError(f"--max-queue-tokens must be >= 1, got {self.max_queue_tokens}")
         if self.chunk_tokens < 1:
             raise ConfigError(f"--chunk-tokens must be >= 1, got {self.chunk_tokens}")
+        if self.graph_max_tokens < 64:
+            raise ConfigError(f"--graph-max-tokens must be >= 64 (the smallest bucket), got {self.graph_max_tokens}")
+        for b in self.capture_buckets:
+            try:
+                bucket = Bucket.parse(b)
+            except ValueError as e:
+                raise ConfigError(f"--capture-bucket: {e}") from None
+            if bucket.tokens > self.graph_max_tokens:
+                raise ConfigError(f"--capture-bucket {b!r} has {bucket.tokens} tokens once rounded, above "
+                                  f"--graph-max-tokens {self.graph_max_tokens}")
         return self
 
     def to_json(self) -> str:

@@ -91,3 +91,30 @@ def test_pool_static_with_padding_matches_pool(mode: str) -> None:
     got = pool_static(hidden, seg, cu, mode)[:3]
     want = pool(hidden[:9], torch.from_numpy(batch.cu_seqlens), mode)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--capture-bucket", "2:64"], "must be 'seqs:tokens:max_seqlen'"),
+    (["--capture-bucket", "1:9000:512"], "above --graph-max-tokens 8192"),
+    (["--graph-max-tokens", "10"], "--graph-max-tokens must be >= 64"),
+])
+def test_graph_options_on_the_command_line_are_checked(args: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    for cmd in ("serve", "server"):
+        r = subprocess.run([sys.executable, "-m", "bouquet", cmd, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and message in r.stderr, (cmd, r.returncode, r.stderr[-500:])
+
+
+def test_graph_options_travel_to_the_replica_config() -> None:
+    from bouquet.config import ServeConfig
+
+    cfg = ServeConfig(graph_max_tokens=16384, capture_buckets=("3:100:50",), bucket_stats_path="/tmp/hist.json").validate()
+    again = ServeConfig.from_json(cfg.to_json())  # what the replica process receives
+    assert again == cfg and again.capture_buckets == ("3:100:50",)
+    from bouquet.engine.engine import GraphOptions
+
+    opts = GraphOptions.from_config(again)
+    assert (opts.max_tokens, opts.capture, opts.stats_path) == (16384, ("3:100:50",), "/tmp/hist.json")
+    assert Bucket.parse(opts.capture[0]) == Bucket(4, 128, 64)
