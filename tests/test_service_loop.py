@@ -91,7 +91,7 @@ def run_loop(engine: DeviceLikeEngine, body):  # type: ignore[no-untyped-def]
 
 
 def test_graph_replays_are_stepped_on_the_loop_other_batches_in_a_thread() -> None:
-    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.003)
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.05)  # long enough to be running when looked at
 
     async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
         small = await submit(svc, request([11], 16))
