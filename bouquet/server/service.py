@@ -3,8 +3,8 @@
 The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (``engine.step``
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
 so the asyncio loop keeps serving gRPC. Cheap steps (a CUDA-graph replay, the no-op engine) run on
-the loop: no thread hop to launch them. What this module does not
-own: batching policy (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
+the loop: no thread hop to launch them. What this module does not own: batching policy
+(scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ class StepEngine(Protocol):
     """What the service needs from an engine (the real one, or a fake in tests)."""
 
     def step(self, batch: Any) -> Any: ...  # returns an object with .wait() -> np.ndarray [B, D]
-    # Optional: ``inline_step = True`` (step costs next to nothing: called on the event loop, not
-    # a helper thread); handles with ``ready()`` true are waited for on the loop too.
+    # Optional: ``inline_step = True`` (every step costs next to nothing) or ``replays(batch)``
+    # (this step is a captured CUDA-graph replay): such steps are called on the event loop, not a
+    # helper thread. Handles with ``ready()`` true are read on the loop too.
 
 
 class RequestError(Exception):
@@ -185,8 +186,8 @@ class InferenceService:
         finished handle is read on the loop, a running one waited for in a helper thread.
         Measured on the H200 (bench/results/h200-2026-11-30b/README.md): a loop that polled the
         device with ``sleep(0)`` starved gRPC's own thread of the GIL, and launching work that
-        arrives during a wait at once (instead of after it) cost bge-base 5-10% of its served
-        100 × 512 throughput; neither is done.
+        arrives during a wait at once (instead of after it) measured 3-10% lower served bge-base
+        100 × 512 throughput in an A/B; neither is done.
         """
         loop = asyncio.get_running_loop()
         inflight: deque[tuple[ScheduledBatch, Any, float]] = deque()
