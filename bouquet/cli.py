@@ -125,6 +125,7 @@ def bench(
     seconds: float = typer.Option(3.0, help="Time per case (at least --min-iters requests)."),
     min_iters: int = typer.Option(5),
     warmup: int = typer.Option(3, help="Untimed requests before each latency case."),
+    warmup_seconds: float = typer.Option(1.0, help="Benchmarks 3 and 4: seconds of the same load, untimed, before each case."),
     mixed_range: str = typer.Option("16,512", help="Mixed-length benchmark: lowest,highest length."),
     lat_lengths: str = typer.Option("128,512,4096", help="Benchmark 1 lengths (longer than the model allows are skipped)."),
     thr_lengths: str = typer.Option("512,1024,4096", help="Benchmark 3 lengths."),
@@ -150,7 +151,7 @@ def bench(
 
     settings = Settings(lat_lengths=ints(lat_lengths), score_batches=ints(score_batches), thr_lengths=ints(thr_lengths),
                         score_len=score_len, conc_len=conc_len, thr_batch=thr_batch, concurrency=ints(concurrency), seconds=seconds, min_iters=min_iters,
-                        warmup=warmup, mixed=ints(mixed_range)[:2])  # type: ignore[arg-type]
+                        warmup=warmup, warmup_s=warmup_seconds, mixed=ints(mixed_range)[:2])  # type: ignore[arg-type]
     opts = BenchOptions(models=tuple(model), systems=tuple(system), benchmarks=tuple(benchmarks.split(",")), device=device,
                         out=out, models_root=models_root or out / "models", tokenizer=tokenizer, tiny=tiny,
                         settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,

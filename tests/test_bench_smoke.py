@@ -18,7 +18,7 @@ def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
            "--system", "engine", "--system", "grpc", "--system", "transformers", "--out", str(tmp_path),
            "--benchmarks", "1,2,3,mixed", "--seconds", "0.1", "--min-iters", "2", "--lat-lengths", "16,32",
            "--thr-lengths", "32", "--score-batches", "2", "--score-len", "32", "--thr-batch", "4",
-           "--mixed-range", "8,32", "--warmup", "1"]
+           "--mixed-range", "8,32", "--warmup", "1", "--warmup-seconds", "0.1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
@@ -32,6 +32,24 @@ def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
     md = (tmp_path / "results.md").read_text()
     assert "| b1 L16 |" in md and "bouquet-grpc" in md
     assert (tmp_path / "bench-minilm-tiny.png").stat().st_size > 1000
+
+
+def test_bench_http_text_path_smoke(tmp_path: Path) -> None:
+    """The HTTP system (`bouquet serve` started by the bench, keep-alive http.client + orjson
+    client): ids checked against transformers, benchmark 3 over HTTP, benchmark 4 with text."""
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+           "--system", "http", "--out", str(tmp_path), "--benchmarks", "3,4", "--seconds", "0.2",
+           "--min-iters", "2", "--thr-lengths", "32", "--thr-batch", "4", "--concurrency", "1,2",
+           "--conc-len", "32", "--warmup-seconds", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads((tmp_path / "results.json").read_text())["models"]["minilm-tiny"]
+    assert not m["errors"]
+    assert m["checks"]["bouquet-http"] > 0.999 and m["checks"]["bouquet-http-text"] > 0.999
+    rows = {(r["bench"], r["case"]): r for r in m["rows"]}
+    assert rows[("3", "b4 L32")]["emb_s"] > 0
+    assert {c for b, c in rows if b == "4"} == {"c1 L32", "c2 L32"}
+    assert all(r["n"] >= 2 and r["req_s"] > 0 for (b, _), r in rows.items() if b == "4")
 
 
 def test_gateway_tokens_bench_smoke(tmp_path: Path) -> None:
