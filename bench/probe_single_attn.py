@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
-
-def gpu_ms(fn, reps: int = 200) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return round(a.elapsed_time(b) / reps, 4)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.probe_kernels import gpu_ms  # noqa: E402
 
 
 def graph_ms(fn) -> float | str:  # type: ignore[no-untyped-def]
@@ -42,7 +33,7 @@ def graph_ms(fn) -> float | str:  # type: ignore[no-untyped-def]
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             fn()
-        return gpu_ms(g.replay)
+        return gpu_ms(g.replay, reps=200)
     except Exception as e:  # noqa: BLE001 - reported, not fatal
         return f"{type(e).__name__}: {str(e)[:200]}"
 
@@ -67,14 +58,14 @@ def main() -> None:
             return f
 
         ref = varlen()[:n].float()
-        case: dict = {"T": T, "n": n, "varlen_ms": gpu_ms(varlen), "varlen_graph_ms": graph_ms(varlen)}
+        case: dict = {"T": T, "n": n, "varlen_ms": gpu_ms(varlen, reps=200), "varlen_graph_ms": graph_ms(varlen)}
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                          ("flash", SDPBackend.FLASH_ATTENTION)):
             f = sdpa(be)
             try:
                 got = f()[:n].float()
                 case[f"{name}_max_abs_err"] = round(float((got - ref).abs().max()), 5)
-                case[f"{name}_ms"] = gpu_ms(f)
+                case[f"{name}_ms"] = gpu_ms(f, reps=200)
                 case[f"{name}_graph_ms"] = graph_ms(f)
             except Exception as e:  # noqa: BLE001
                 case[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
