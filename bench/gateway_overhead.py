@@ -213,6 +213,8 @@ def main() -> None:
                     help="serve a random all-MiniLM-L6-v2-shape BERT (same tokenizer and dimension) instead of the "
                          "embedded model: for machines that have only its tokenizer.json (the GPU host)")
     ap.add_argument("--out", default=str(REPO / "bench/results/gateway-overhead-cpu"), help="output path without suffix")
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra `bouquet serve` argument (repeatable), "
+                    "e.g. --serve-arg=--transport --serve-arg=grpc")
     a = ap.parse_args()
     from helpers import BouquetProcess
 
@@ -229,7 +231,8 @@ def main() -> None:
     spec = load_spec(model_args[1] if model_args else None)
     ids = TextTokenizer(spec).encode([TEXT]).ids[0].tolist()
     env = environment()
-    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", *model_args, env={"TOKENIZERS_PARALLELISM": "false"})
+    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", *model_args, *a.serve_arg,
+                         env={"TOKENIZERS_PARALLELISM": "false"})
     try:
         import httpx
 

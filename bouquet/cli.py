@@ -67,7 +67,11 @@ def serve(
     max_queue_tokens: int = _MAX_QUEUE_TOKENS,
     interactive_max_tokens: int = _INTERACTIVE_MAX_TOKENS,
     replicas: int = typer.Option(1, help="Server processes to start (CPU)."),
-    gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU."),
+    gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU (see --replicas-per-gpu)."),
+    replicas_per_gpu: int = typer.Option(1, help="Replica processes sharing each GPU (or multiplying --replicas): "
+                                         "more processes to spread the per-request host work of small requests."),
+    transport: str = typer.Option("auto", help="auto: ZeroMQ IPC to the replicas started here, gRPC to --server "
+                                  "ones | grpc: gRPC to every replica."),
     server: list[str] = typer.Option([], help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
     chunk_tokens: int = typer.Option(8192, help="Split large requests into chunks of about this many tokens."),
     gateway_workers: int = typer.Option(1, help="Gateway worker processes (tokenization is CPU-bound); all share the replicas."),
@@ -95,7 +99,7 @@ def serve(
         model=model, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
         device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
         max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens, replicas=replicas,
-        gpus=gpu_list, servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
+        gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport, servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive, api_key=api_key, truncate=not no_truncate,
         enforce_eager=enforce_eager, graph_max_tokens=graph_max_tokens, capture_buckets=tuple(capture_bucket),
         bucket_stats_path=bucket_stats, spin_wait=spin_wait, engine=engine, log_level=log_level,

@@ -19,6 +19,8 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
 EngineKind = Literal["torch", "noop"]
 ENGINES: tuple[str, ...] = ("torch", "noop")
+Transport = Literal["auto", "grpc"]
+TRANSPORTS: tuple[str, ...] = ("auto", "grpc")
 
 
 class ConfigError(ValueError):
@@ -48,6 +50,12 @@ class ServeConfig:
     replicas: int = 1
     servers: tuple[str, ...] = ()  # external replicas host:port; when set no server is started
     gpus: tuple[int, ...] = ()
+    replicas_per_gpu: int = 1  # replica processes sharing each GPU (each has its own CUDA context)
+    # How the gateway reaches replicas: "auto" = a Unix socket to the replicas `serve` starts on
+    # this host (proto/ipc.py), gRPC to `--server` ones; "grpc" = gRPC to every replica.
+    transport: Transport = "auto"
+    # Set by the launcher, parallel to ``servers``: each local replica's Unix socket ("" = none).
+    ipc_paths: tuple[str, ...] = ()
     gateway_workers: int = 1
     chunk_tokens: int = 8192  # a large request is split into chunks of about this many tokens
     max_request_bytes: int = 2 * 1024 * 1024
@@ -90,6 +98,12 @@ class ServeConfig:
             raise ConfigError(f"--max-batch-seqs must be >= 1, got {self.max_batch_seqs}")
         if self.replicas < 1:
             raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.replicas_per_gpu < 1:
+            raise ConfigError(f"--replicas-per-gpu must be >= 1, got {self.replicas_per_gpu}")
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(f"--transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.ipc_paths and len(self.ipc_paths) != len(self.servers):
+            raise ConfigError(f"ipc_paths has {len(self.ipc_paths)} entries for {len(self.servers)} servers")
         if self.gateway_workers < 1:
             raise ConfigError(f"--gateway-workers must be >= 1, got {self.gateway_workers}")
         if self.max_request_bytes < 1024:
@@ -122,7 +136,7 @@ class ServeConfig:
     @classmethod
     def from_json(cls, text: str) -> "ServeConfig":
         raw = json.loads(text)
-        for k in ("served_model_name", "servers", "gpus", "capture_buckets"):
+        for k in ("served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths"):
             raw[k] = tuple(raw.get(k) or ())
         return cls(**raw).validate()
 

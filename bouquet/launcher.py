@@ -26,14 +26,17 @@ log = logging.getLogger("bouquet")
 @dataclass
 class ReplicaProcess:
     proc: subprocess.Popen[bytes]
-    address: str
+    address: str  # gRPC host:port
     device: str
+    ipc_path: str = ""  # Unix socket for this host's gateway workers ("" = gRPC only)
 
 
-def _replica_devices(cfg: ServeConfig) -> list[str]:
+def replica_devices(cfg: ServeConfig) -> list[str]:
+    """One device string per replica process: ``--replicas-per-gpu`` on each of ``--gpus``, else
+    ``--replicas`` × ``--replicas-per-gpu`` on ``--device``."""
     if cfg.gpus:
-        return [f"cuda:{g}" for g in cfg.gpus]
-    return [cfg.device] * cfg.replicas
+        return [f"cuda:{g}" for g in cfg.gpus for _ in range(cfg.replicas_per_gpu)]
+    return [cfg.device] * (cfg.replicas * cfg.replicas_per_gpu)
 
 
 def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0) -> list[ReplicaProcess]:
@@ -41,9 +44,9 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0) -> list[R
 
     Raises RuntimeError (after stopping the others) when a replica exits before binding.
     """
-    devices = _replica_devices(cfg)
+    devices = replica_devices(cfg)
     tmp = Path(tempfile.mkdtemp(prefix="bouquet-"))
-    procs: list[tuple[subprocess.Popen[bytes], Path, str]] = []
+    procs: list[tuple[subprocess.Popen[bytes], Path, str, str]] = []
     cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
     for i, dev in enumerate(devices):
         port_file = tmp / f"replica{i}.port"
@@ -52,16 +55,19 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0) -> list[R
             env.setdefault("OMP_NUM_THREADS", str(cpu_threads))
         rcfg = cfg.replace(grpc_port=cfg.grpc_port + i if cfg.grpc_port else 0)
         cmd = [sys.executable, "-m", "bouquet.server", "--config", rcfg.to_json(), "--port-file", str(port_file), "--device", dev]
-        procs.append((subprocess.Popen(cmd, env=env), port_file, dev))
+        ipc = str(tmp / f"replica{i}.sock") if cfg.transport == "auto" else ""
+        if ipc:
+            cmd += ["--ipc-path", ipc]
+        procs.append((subprocess.Popen(cmd, env=env), port_file, dev, ipc))
     out: list[ReplicaProcess] = []
     deadline = time.monotonic() + startup_timeout_s
-    for proc, port_file, dev in procs:
+    for proc, port_file, dev, ipc in procs:
         while not port_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                stop_replicas([ReplicaProcess(p, "", d) for p, _, d in procs])
+                stop_replicas([ReplicaProcess(p, "", d) for p, _, d, _ in procs])
                 raise RuntimeError(f"server replica on {dev} exited (code {proc.returncode}) before binding its port")
             time.sleep(0.02)
-        out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev))
+        out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev, ipc))
     return out
 
 
@@ -88,12 +94,13 @@ def serve(cfg: ServeConfig) -> int:
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
     replicas: list[ReplicaProcess] = []
     if cfg.servers:
-        addresses = list(cfg.servers)
+        addresses, paths = list(cfg.servers), [""] * len(cfg.servers)
     else:
         replicas = start_replicas(cfg)
-        addresses = [r.address for r in replicas]
-    log.info("bouquet: model %s (%s), replicas %s", spec.model_id, spec.architecture, addresses)
-    gcfg = cfg.replace(servers=tuple(addresses))
+        addresses, paths = [r.address for r in replicas], [r.ipc_path for r in replicas]
+    log.info("bouquet: model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
+             "Unix-socket IPC" if any(paths) else "gRPC")
+    gcfg = cfg.replace(servers=tuple(addresses), ipc_paths=tuple(paths))
     try:
         import uvloop  # noqa: F401
 
@@ -123,7 +130,7 @@ def serve(cfg: ServeConfig) -> int:
         from bouquet.gateway.drain import DrainingServer, DrainMiddleware, DrainState
 
         drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
-        app = DrainMiddleware(create_app(gcfg, spec, addresses), drain)
+        app = DrainMiddleware(create_app(gcfg, spec), drain)
         server = DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=5, **common), drain)
         run, stop = server.run, lambda: setattr(server, "should_exit", True)
     failed, finished = threading.Event(), threading.Event()

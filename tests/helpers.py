@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-STS_DIR = SHARED / "data" / "stsbenchmark"
+# The STS Benchmark travels with the repository (tests/data/stsbenchmark, its LICENSE.txt beside it).
+STS_DIR = REPO / "tests" / "data" / "stsbenchmark"
 
 
 def free_port() -> int:

@@ -26,8 +26,7 @@ import pytest
 from bouquet.jobs.writer import MANIFEST, read_output
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"  # next to the checkout (CI: a sibling of the clone)
-STSB = SHARED / "data" / "stsbenchmark"
+from helpers import STS_DIR as STSB  # noqa: E402
 sys.path.insert(0, str(REPO))  # for bench/ helpers
 
 from bench.embed_stream import run_job, write_synthetic  # noqa: E402

@@ -8,8 +8,16 @@ then L2-normalize.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the device functions, not here: ``finalize`` is numpy-only and runs in
+# every replica, the no-op one included, whose process would otherwise pay torch's import (~2 s)
+# and carry its ~10^5 extra objects through every garbage collection.
 
 POOLINGS = ("cls", "mean", "last")
 
@@ -20,6 +28,8 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Ten
     Raises ValueError for an unknown mode. Empty sequences (padding slots, length 0) pool to 0
     for ``mean``; their rows are discarded by the caller.
     """
+    import torch
+
     cu = cu_seqlens.to(torch.int64)
     if mode == "cls":
         return hidden[cu[:-1].clamp(max=hidden.shape[0] - 1)].float()
@@ -40,6 +50,8 @@ def pool_static(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.T
     """Like ``pool`` but graph-safe: hidden [T, D], seg_ids [T] int32/int64 (sequence index of
     each token; padding tokens carry B, a row that is dropped), cu_seqlens [B+1] → [B, D] float32.
     No data-dependent shapes and no host syncs, so it can be captured in a CUDA graph."""
+    import torch
+
     if mode != "mean":
         return pool(hidden, cu_seqlens, mode)
     cu = cu_seqlens.to(torch.int64)

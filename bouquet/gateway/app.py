@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -228,16 +229,21 @@ async def models_route(request: Request) -> Response:
          "aliases": sorted(gw.names - {gw.public_id})}]})
 
 
-def create_app(cfg: ServeConfig, spec: ModelSpec, server_addresses: list[str]) -> ASGIApp:
-    """Build the gateway's ASGI app. The replica pool connects on start-up (ASGI lifespan)."""
+def create_app(cfg: ServeConfig, spec: ModelSpec) -> ASGIApp:
+    """Build the gateway's ASGI app for the replicas ``cfg.servers`` (over a Unix socket where
+    ``cfg.ipc_paths`` names one). The replica pool connects on start-up (ASGI lifespan)."""
     public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
     names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
-    pool = ReplicaPool(server_addresses, cfg.chunk_tokens, cfg.interactive_max_tokens)
+    pool = ReplicaPool(list(cfg.servers), cfg.chunk_tokens, cfg.interactive_max_tokens, ipc_paths=list(cfg.ipc_paths))
     gw = Gateway(cfg, spec, pool, TextTokenizer(spec), public_id, names)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.pool.start()
+        # The app, its libraries and the tokenizer live as long as the worker: keep them out of
+        # later garbage collections (their full passes showed in the per-request CPU).
+        gc.collect()
+        gc.freeze()
         yield
         await gw.pool.close()
         gw.executor.shutdown(wait=False)

@@ -31,4 +31,4 @@ def app_from_env() -> ASGIApp:
     if not cfg.servers:
         raise ConfigError(f"${GATEWAY_CONFIG_ENV} lists no replica addresses (servers)")
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
-    return create_app(cfg, spec, list(cfg.servers))
+    return create_app(cfg, spec)

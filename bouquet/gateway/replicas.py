@@ -1,4 +1,4 @@
-"""The gateway's view of the server replicas: gRPC channels, health, load balancing, retries.
+"""The gateway's view of the server replicas: channels, health, load balancing, retries.
 
 A request's sequences are split into chunks of about ``chunk_tokens`` tokens; each chunk goes to
 the healthy replica with the fewest outstanding tokens; results are reassembled in input order.
@@ -7,9 +7,10 @@ sees only its chunk). A chunk whose replica fails (connection lost, replica drai
 on another replica; a chunk refused for a full queue tries the others. When none is left the
 caller gets APIError 503 (or 429), and the request's other chunks are cancelled, so their queued
 sequences are dropped on the servers. Small requests without token types share calls with the
-others of the same event-loop iteration (coalesce.py). What this module does not own:
-tokenization, HTTP parsing, response encoding, noticing that the HTTP client went away
-(gateway/disconnect.py).
+others of the same event-loop iteration (coalesce.py). Calls travel over a Unix socket to replicas
+on this host that ``serve`` started, over gRPC otherwise (channels.py); health is always gRPC's
+``Info``. What this module does not own: tokenization, HTTP parsing, response encoding, noticing
+that the HTTP client went away (gateway/disconnect.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any, Coroutine, TypeVar
 import grpc
 import numpy as np
 
+from bouquet.gateway.channels import GrpcChannel, IpcChannel, Packed, ReplicaQueueFull, ReplicaUnavailable
 from bouquet.gateway.coalesce import Coalescer
 from bouquet.gateway.errors import APIError
 from bouquet.proto import bouquet_pb2 as pb
@@ -30,20 +32,13 @@ from bouquet.proto.rpc import CHANNEL_OPTIONS, InferenceStub
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
-_STATUS_HTTP = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 422,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
-
 
 @dataclass
 class Replica:
-    address: str
+    address: str  # gRPC host:port (health, Info; Embed too when there is no IPC endpoint)
     channel: grpc.aio.Channel
     stub: InferenceStub
+    calls: "GrpcChannel | IpcChannel"  # where Embed calls go
     outstanding_tokens: int = 0
     healthy: bool = False
     info: pb.InfoReply | None = None
@@ -53,7 +48,8 @@ class Replica:
     def describe(self) -> dict[str, object]:
         """The replica as /health shows it; server-side counters come from the last Info probe."""
         i = self.info
-        return {"address": self.address, "healthy": self.healthy, "outstanding_tokens": self.outstanding_tokens,
+        return {"address": self.address, "transport": "ipc" if isinstance(self.calls, IpcChannel) else "grpc",
+                "healthy": self.healthy, "outstanding_tokens": self.outstanding_tokens,
                 "chunks": self.served_chunks, "device": i.device if i else None, "pid": i.pid if i else None,
                 "pending_tokens": i.pending_tokens if i else None,
                 "completed_requests": i.completed_requests if i else None,
@@ -97,6 +93,8 @@ class ReplicaPool:
     # Requests of at most this many tokens share Embed calls with the others of the same event-loop
     # iteration (gateway/coalesce.py), up to ``chunk_tokens`` per call; 0 turns this off.
     coalesce_max_tokens: int = 4096
+    # Parallel to ``addresses``: the replica's Unix socket on this host, "" for gRPC only.
+    ipc_paths: list[str] = field(default_factory=list)
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _coalescer: Coalescer = field(init=False)
@@ -105,9 +103,16 @@ class ReplicaPool:
         self._coalescer = Coalescer(lambda seqs, n, d, p: self._run_chunk(seqs, None, n, d, p), self.chunk_tokens)
 
     async def start(self) -> None:
-        for a in self.addresses:
+        paths = self.ipc_paths or [""] * len(self.addresses)
+        for a, path in zip(self.addresses, paths):
             ch = grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS)
-            self.replicas.append(Replica(a, ch, InferenceStub(ch)))
+            stub = InferenceStub(ch)
+            calls: GrpcChannel | IpcChannel = IpcChannel(path) if path else GrpcChannel(a, stub)
+            r = Replica(a, ch, stub, calls)
+            if isinstance(calls, IpcChannel):
+                calls.on_lost = lambda why, r=r: self._lost(r, why)
+                await calls.connect()
+            self.replicas.append(r)
         await self.check_health()
         self._health_task = asyncio.create_task(self._health_loop())
 
@@ -115,7 +120,13 @@ class ReplicaPool:
         if self._health_task:
             self._health_task.cancel()
         for r in self.replicas:
+            r.calls.close()
             await r.channel.close()
+
+    def _lost(self, r: Replica, why: str) -> None:
+        if r.healthy:
+            log.warning("replica %s: %s", r.address, why)
+        r.healthy, r.last_error = False, why
 
     @property
     def ready(self) -> bool:
@@ -124,7 +135,12 @@ class ReplicaPool:
     async def _probe(self, r: Replica) -> None:
         try:
             info = await r.stub.Info(pb.InfoRequest(), timeout=2.0)
-            r.info, r.healthy, r.last_error = info, bool(info.ready), "" if info.ready else "loading"
+            if isinstance(r.calls, IpcChannel) and info.ready:
+                await r.calls.connect()  # (re)open after a start-up race or the replica's restart
+            # An IPC replica is usable once its socket has connected too (it may lag Info briefly).
+            up = bool(info.ready) and r.calls.connected
+            r.info, r.healthy = info, up
+            r.last_error = "" if up else "loading" if not info.ready else f"no IPC connection to {r.calls.address} yet"
         except grpc.aio.AioRpcError as e:
             r.healthy, r.last_error = False, f"{e.code().name}: {e.details()}"
 
@@ -176,15 +192,8 @@ class ReplicaPool:
 
     async def _run_chunk(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None,
                          normalize: bool | None, dimensions: int | None, priority: int) -> np.ndarray:
-        lengths = np.fromiter((len(s) for s in seqs), dtype="<i4", count=len(seqs))
-        req = pb.EmbedRequest(
-            input_ids=np.concatenate(seqs).astype("<i4", copy=False).tobytes(), lengths=lengths.tobytes(),
-            token_type_ids=np.concatenate(type_ids).astype("<i4", copy=False).tobytes() if type_ids else b"",
-            priority=priority, dimensions=dimensions or 0,  # type: ignore[arg-type]
-        )
-        if normalize is not None:
-            req.normalize = normalize
-        tokens = int(lengths.sum())
+        call = Packed.pack(seqs, type_ids)
+        tokens = call.num_tokens
         tried: set[str] = set()
         queue_full = ""
         deadline = time.monotonic() + self.request_timeout_s
@@ -199,23 +208,15 @@ class ReplicaPool:
             tried.add(r.address)
             r.outstanding_tokens += tokens
             try:
-                rep = await r.stub.Embed(req, timeout=max(0.1, deadline - time.monotonic()))
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                if code in _RETRYABLE:
-                    r.healthy, r.last_error = False, f"{code.name}: {e.details()}"
-                    log.warning("replica %s failed (%s); retrying elsewhere", r.address, code.name)
-                    continue
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    queue_full = e.details() or "queue full"
-                    continue
-                status = _STATUS_HTTP.get(code, 500)
-                raise APIError(status, e.details() or code.name) from None
+                rows = await r.calls.embed(call, normalize, dimensions, priority, max(0.1, deadline - time.monotonic()))
+            except ReplicaUnavailable as e:
+                self._lost(r, str(e))
+                log.warning("replica %s failed (%s); retrying elsewhere", r.address, e)
+                continue
+            except ReplicaQueueFull as e:
+                queue_full = str(e) or "queue full"
+                continue
             finally:
                 r.outstanding_tokens -= tokens
-            t = rep.output
-            if len(t.shape) != 2 or t.shape[0] != len(seqs):
-                # Never hand out rows that cannot be matched to this chunk's inputs.
-                raise APIError(500, f"replica {r.address} returned shape {list(t.shape)} for {len(seqs)} inputs")
             r.served_chunks += 1
-            return np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))
+            return rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -51,8 +52,11 @@ def default_batch_tokens(cfg: ServeConfig, device_type: str) -> int:
     return 16384 if device_type == "cuda" else 2048
 
 
-async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bind_host: str = "127.0.0.1") -> None:
-    """Bind ``bind_host:cfg.grpc_port`` (0 = a free port), load the model, serve until SIGTERM."""
+async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bind_host: str = "127.0.0.1",
+                ipc_path: str | None = None) -> None:
+    """Bind ``bind_host:cfg.grpc_port`` (0 = a free port) and, when given, the Unix socket
+    ``ipc_path`` for gateway workers on this host (server/ipc_server.py); load the model, serve
+    until SIGTERM."""
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
     if cfg.engine == "noop":
         # No model and no device: batch as a GPU replica does, so the scheduler packs alike.
@@ -75,12 +79,18 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     add_health(server, lambda: service.ready and not service.draining)
     port = server.add_insecure_port(f"{bind_host}:{cfg.grpc_port}")
     await server.start()
+    ipc_server = None
+    if ipc_path:
+        from bouquet.server.ipc_server import IpcServer
+
+        ipc_server = IpcServer(service, ipc_path)
+        await ipc_server.start()
     if port_file:
         tmp = port_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, port_file)
-    log.info("server: gRPC on port %d, loading %s", port, spec.path)
+    log.info("server: gRPC on port %d%s, loading %s", port, f", IPC on {ipc_path}" if ipc_path else "", spec.path)
     loop_task = asyncio.create_task(service.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -89,11 +99,17 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     engine = await asyncio.to_thread(build_engine, cfg, spec, device)
     await asyncio.to_thread(engine.warmup)
     service.attach(engine, engine.info)
+    # Everything allocated so far (torch, the model, graphs) lives as long as the process: keep it
+    # out of every later garbage collection, whose full passes otherwise scan it again and again.
+    gc.collect()
+    gc.freeze()
     log.info("server: ready (%s, %s, attention=%s)", engine.info.device, engine.info.dtype, engine.info.attention)
     await stop.wait()
     log.info("server: draining")
     await service.drain(timeout_s=30)
     await server.stop(grace=5)
+    if ipc_server is not None:
+        ipc_server.close()
     loop_task.cancel()
     engine.shutdown()
 
@@ -115,13 +131,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port-file", default=None)
     ap.add_argument("--device", default=None, help="overrides the config's device, e.g. cuda:1")
     ap.add_argument("--host", default="127.0.0.1", help="gRPC bind address (the config's grpc_port is the port)")
+    ap.add_argument("--ipc-path", default=None, help="also serve gateway workers on this host on this Unix socket")
     ap.add_argument("--standalone", action="store_true", help="keep running when the parent process exits")
     args = ap.parse_args(argv)
     cfg = ServeConfig.from_json(args.config)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.standalone:
         _die_with_parent()
-    run_async(serve(cfg, args.port_file, args.device, args.host))
+    run_async(serve(cfg, args.port_file, args.device, args.host, args.ipc_path))
 
 
 def run_async(coro: "asyncio.Future[None] | object") -> None:

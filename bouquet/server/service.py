@@ -15,12 +15,13 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import grpc
 import numpy as np
 
 from bouquet.config import ServeConfig
+from bouquet.engine.pooling import finalize
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler
@@ -44,15 +45,17 @@ class RequestError(Exception):
         self.code, self.message = code, message
 
 
-def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
-    """Split packed int32 bytes into per-sequence arrays; validates lengths, ids and types.
+def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: bytes,
+                     spec: ModelSpec) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
+    """Split packed int32 LE bytes (ids [T], lengths [B], token types [T] or empty) into
+    per-sequence arrays; validates lengths, ids and types. Shared by the gRPC and IPC front ends.
 
     Raises RequestError(INVALID_ARGUMENT) naming the offending sequence.
     """
-    ids = np.frombuffer(req.input_ids, dtype="<i4")
+    ids = np.frombuffer(input_ids, dtype="<i4")
     # The lengths as Python ints: a request holds few sequences, and Python's min/max/sum and
     # slicing cost less than numpy's reductions and np.split on arrays that small.
-    lengths = np.frombuffer(req.lengths, dtype="<i4").tolist()
+    lengths = np.frombuffer(lengths_bytes, dtype="<i4").tolist()
     if not lengths:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "request has no sequences")
     if min(lengths) < 1:
@@ -68,15 +71,24 @@ def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarr
         bad = int(ids[(ids < 0) | (ids >= spec.vocab_size)][0])
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"token id {bad} is outside the vocabulary [0, {spec.vocab_size})")
-    bounds = list(itertools.accumulate(lengths, initial=0))
-    seqs = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+    if len(lengths) == 1:
+        seqs = [ids]
+    else:
+        bounds = list(itertools.accumulate(lengths, initial=0))
+        seqs = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
     tts: list[np.ndarray | None] | None = None
-    if req.token_type_ids:
-        tt = np.frombuffer(req.token_type_ids, dtype="<i4")
+    if token_type_ids:
+        tt = np.frombuffer(token_type_ids, dtype="<i4")
         if tt.size != ids.size:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_type_ids and input_ids differ in length")
+        bounds = list(itertools.accumulate(lengths, initial=0))
         tts = [tt[a:b] for a, b in zip(bounds, bounds[1:])]
     return seqs, tts
+
+
+def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
+    """``decode_sequences`` of a gRPC ``EmbedRequest``."""
+    return decode_sequences(req.input_ids, req.lengths, req.token_type_ids, spec)
 
 
 def _is_ready(handle: Any) -> bool:
@@ -121,53 +133,88 @@ class InferenceService:
         return self.stats.fill(reply, self.scheduler, self.engine, self._inflight_requests)
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedReply:
-        if not self.ready or self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "replica is not ready" if not self.ready else "replica is shutting down")
         try:
+            self.check_open()
             seqs, tts = decode_request(request, self.spec)
-            dims = request.dimensions or None
-            if dims is not None and not 1 <= dims <= self.spec.dimension:
-                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"dimensions must be in [1, {self.spec.dimension}], got {dims}")
+            dims = self.check_dimensions(request.dimensions)
         except RequestError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises
-        n_tokens = int(sum(len(s) for s in seqs))
-        if request.priority == pb.PRIORITY_INTERACTIVE:
-            prio = Priority.INTERACTIVE
-        elif request.priority == pb.PRIORITY_BATCH:
-            prio = Priority.BATCH
-        else:
-            prio = Priority.INTERACTIVE if n_tokens <= self.cfg.interactive_max_tokens else Priority.BATCH
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        req = Request(seqs, tts, prio, on_done=lambda r: fut.done() or fut.set_result(None))
         try:
-            self.scheduler.add(req)
+            req = self.submit(seqs, tts, request.priority, lambda r: fut.done() or fut.set_result(None))
         except QueueFull as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        self._wake.set()
-        self._inflight_requests += 1
+            raise  # unreachable: abort raises
         try:
             await fut
         except asyncio.CancelledError:
-            dropped = self.scheduler.cancel(req)
-            log.info("request %s cancelled by its client; %d queued sequences dropped", request.request_id, dropped)
+            self.cancel(req)
+            log.info("request %s cancelled by its client", request.request_id)
             raise
-        finally:
-            self._inflight_requests -= 1
         if req.error is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, req.error)
-        rows = np.stack(req.rows)  # type: ignore[arg-type]
-        if self.spec.task == "embed":
-            from bouquet.engine.pooling import finalize
-
-            normalize = request.normalize if request.HasField("normalize") else self.spec.normalize
-            rows = finalize(rows, normalize, dims)
-        out = np.ascontiguousarray(rows, dtype="<f4")
-        self.completed_requests += 1
+        out = self.output(req, request.normalize if request.HasField("normalize") else None, dims)
         return pb.EmbedReply(output=pb.Tensor(data=out.tobytes(), dtype="float32", shape=list(out.shape)),
-                             num_tokens=n_tokens)
+                             num_tokens=req.num_tokens)
+
+    # ---- what both front ends (gRPC above, IPC in ipc_server.py) call ------------------------
+    def check_open(self) -> None:
+        """Raises RequestError(UNAVAILABLE) while the model loads or the replica drains."""
+        if not self.ready or self.draining:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                               "replica is not ready" if not self.ready else "replica is shutting down")
+
+    def check_dimensions(self, dimensions: int) -> int | None:
+        """0 → None (full size); else the value, or RequestError(INVALID_ARGUMENT) outside [1, D]."""
+        if not dimensions:
+            return None
+        if not 1 <= dimensions <= self.spec.dimension:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"dimensions must be in [1, {self.spec.dimension}], got {dimensions}")
+        return dimensions
+
+    def submit(self, seqs: list[np.ndarray], tts: list[np.ndarray | None] | None, priority: int,
+               on_done: Callable[[Request], None]) -> Request:
+        """Queue one request's sequences (int32 arrays); ``on_done(request)`` is called on the event
+        loop once its rows are in or it failed (``request.error``). ``priority`` is a
+        ``bouquet.v1.Priority``; AUTO is decided by size. Raises QueueFull."""
+        n_tokens = sum(len(s) for s in seqs)
+        if priority == pb.PRIORITY_INTERACTIVE:
+            prio = Priority.INTERACTIVE
+        elif priority == pb.PRIORITY_BATCH:
+            prio = Priority.BATCH
+        else:
+            prio = Priority.INTERACTIVE if n_tokens <= self.cfg.interactive_max_tokens else Priority.BATCH
+
+        def done(r: Request) -> None:
+            self._inflight_requests -= 1
+            on_done(r)
+
+        req = Request(seqs, tts, prio, on_done=done)
+        self.scheduler.add(req)  # raises QueueFull before anything is counted
+        self._inflight_requests += 1
+        self._wake.set()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """The caller stopped waiting: drop ``req``'s queued sequences; its ``on_done`` never runs."""
+        if req.remaining and not req.cancelled:
+            self._inflight_requests -= 1
+            req.on_done = None
+            dropped = self.scheduler.cancel(req)
+            log.debug("%d queued sequences dropped", dropped)
+
+    def output(self, req: Request, normalize: bool | None, dims: int | None) -> np.ndarray:
+        """A finished request's rows as float32 LE [B, D'] (pooled rows finalized: Matryoshka
+        truncation to ``dims``, then L2 normalization, the model's default when ``normalize``
+        is None; scores as they are)."""
+        rows = req.rows[0][None, :] if len(req.rows) == 1 else np.stack(req.rows)  # type: ignore[index, arg-type]
+        if self.spec.task == "embed":
+            rows = finalize(rows, self.spec.normalize if normalize is None else normalize, dims)
+        self.completed_requests += 1
+        return np.ascontiguousarray(rows, dtype="<f4")
 
     # ---- engine loop ----------------------------------------------------------------------
     def _inline(self, batch: Any) -> bool:

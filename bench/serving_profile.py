@@ -1,0 +1,156 @@
+"""Where one online query's CPU time goes: `bouquet serve --engine noop` under load, profiled.
+
+Starts the real server with the no-op engine (everything but the model: HTTP, JSON, validation,
+tokenization, the gateway → replica hop, scheduling, the reply), drives it with N keep-alive
+connections sending one short text per request (bench/httpload.py, ~20 µs of client CPU a
+request), samples the gateway worker and the replica with py-spy for the timed window, and reads
+their CPU time from /proc over the same window. Each sample is put in the category of the
+innermost frame that matches a rule below; a category's µs per request = its share of the
+process's samples × the process's CPU µs per request (an estimate: py-spy samples threads that
+hold or wait for the GIL, the CPU time is exact).
+
+    python bench/serving_profile.py --conns 16 --out /tmp/prof        # this machine
+    python bench/serving_profile.py --serve-arg=--transport --serve-arg=grpc   # the gRPC hop instead
+
+Needs py-spy (``pip install py-spy``; on the GPU host, carried as a wheel). Writes
+``OUT.json`` and ``OUT.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from bench.gateway_overhead import cpu_seconds, environment, pin  # noqa: E402
+from bench.httpload import post_bytes, run_load  # noqa: E402
+
+TEXT = "A man is playing a guitar on the stage while the crowd sings along."
+# (category, substrings of a frame "function (file:line)"), tried from the innermost frame out;
+# the first rule that matches any frame of the sample, walking outwards, wins.
+RULES: list[tuple[str, tuple[str, ...]]] = [
+    ("tokenize", ("tokenization.py", "tokenizers")),
+    ("metrics", ("prometheus_client", "metrics.py")),
+    ("json", ("orjson", "read_json", "json_response")),
+    ("reply encode", ("encode_vectors", "base64", "starlette/responses.py")),
+    ("hop: zmq", ("zmq/", "channels.py", "ipc_server.py")),
+    ("hop: grpc", ("grpc/", "grpc_", "rpc.py", "_channel.py", "cygrpc")),
+    ("coalesce/balance", ("coalesce.py", "replicas.py")),
+    ("schedule", ("scheduler.py", "batch.py")),
+    ("engine step + finalize", ("noop.py", "pooling.py", "engine/")),
+    ("replica service", ("service.py", "stats.py")),
+    ("validate/route", ("inputs.py", "app.py", "routes_", "fastpath.py", "core.py", "pipeline.py", "front.py")),
+    ("middlewares", ("disconnect.py", "drain.py", "auth.py", "proxy_headers", "starlette/", "fastapi/")),
+    ("http server (uvicorn)", ("uvicorn/", "httptools")),
+    ("event loop + sockets (uvloop, C)", ("runners.py", "uvloop", "asyncio/")),
+]
+
+
+def classify(path: Path) -> Counter[str]:
+    """py-spy raw output (``stack count`` lines) → samples per category."""
+    out: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")[::-1]
+        cat = "other"
+        for f in frames:
+            hit = next((c for c, keys in RULES if any(k in f for k in keys)), None)
+            if hit is not None:
+                cat = hit
+                break
+        out[cat] += int(n)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conns", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra `bouquet serve` argument (repeatable)")
+    ap.add_argument("--random-model", action="store_true", help="a random all-MiniLM-L6-v2-shape model (GPU host)")
+    ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--out", default="/tmp/serving-profile")
+    a = ap.parse_args()
+    from helpers import BouquetProcess
+
+    import httpx
+
+    model_args: list[str] = []
+    if a.random_model:
+        import tempfile
+
+        from bench.tiny_bert import build_random_bert
+
+        model_args = ["--model", str(build_random_bert(Path(tempfile.mkdtemp(prefix="prof-")) / "minilm", "minilm"))]
+    env = environment()
+    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", *model_args, *a.serve_arg,
+                         env={"TOKENIZERS_PARALLELISM": "false"})
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        replica = httpx.get(srv.url + "/health", timeout=10).json()["replicas"][0]
+        procs = {"gateway": srv.proc.pid, "replica": int(replica["pid"])}
+        cpus = sorted(os.sched_getaffinity(0))
+        pinning = "not pinned"
+        if not a.no_pin and len(cpus) >= 3:
+            # gateway and replica one core each, the client the rest: neither waits for a core
+            pin(procs["gateway"], {cpus[0]})
+            pin(procs["replica"], {cpus[1]})
+            os.sched_setaffinity(0, set(cpus[2:]))
+            pinning = f"gateway CPU {cpus[0]}, replica CPU {cpus[1]}, client CPUs {cpus[2:]}"
+        elif not a.no_pin and len(cpus) == 2:
+            pin(procs["gateway"], {cpus[0]})
+            pin(procs["replica"], {cpus[1]})
+            os.sched_setaffinity(0, {cpus[1]})
+            pinning = f"gateway CPU {cpus[0]}, replica and client CPU {cpus[1]}"
+        raw = post_bytes("127.0.0.1", srv.port, "/v1/embeddings",
+                         json.dumps({"input": TEXT, "encoding_format": "base64"}).encode())
+        t = time.monotonic()
+        run_load("127.0.0.1", srv.port, raw, a.conns, t, t + 1.5)  # warm-up: imports, first batches
+        spies = {name: subprocess.Popen(
+            ["py-spy", "record", "--nonblocking", "-r", str(a.rate), "-d", str(int(a.seconds)), "-f", "raw",
+             "-o", f"{out}-{name}.txt", "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for name, pid in procs.items()}
+        t = time.monotonic() + 0.5
+        c0 = {k: cpu_seconds(p) for k, p in procs.items()}
+        res = run_load("127.0.0.1", srv.port, raw, a.conns, t, t + a.seconds)
+        c1 = {k: cpu_seconds(p) for k, p in procs.items()}
+        for name, sp in spies.items():
+            _, err = sp.communicate(timeout=60)
+            if sp.returncode:
+                raise RuntimeError(f"py-spy on the {name} failed: {err.decode(errors='replace')[-500:]}")
+    finally:
+        srv.stop()
+    n = len(res.latencies)
+    rows: dict[str, Any] = {}
+    for name in procs:
+        us = (c1[name] - c0[name]) / n * 1e6
+        cats = classify(Path(f"{out}-{name}.txt"))
+        total = sum(cats.values()) or 1
+        rows[name] = {"cpu_us_per_req": round(us, 1), "samples": total,
+                      "categories_us_per_req": {k: round(us * v / total, 1) for k, v in cats.most_common()}}
+    lat = sorted(res.latencies)
+    result = {"command": "python bench/serving_profile.py " + " ".join(sys.argv[1:]), "env": env, "pinning": pinning,
+              "conns": a.conns, "req_per_s": round(n / a.seconds, 1), "p50_ms": round(lat[n // 2] * 1e3, 3),
+              "client_cpu_us_per_req": round(res.cpu_s / n * 1e6, 1), "statuses": res.statuses, "processes": rows}
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = [f"conns {a.conns}: {result['req_per_s']:,.0f} req/s, p50 {result['p50_ms']} ms; {pinning}; commit {env['commit']}",
+          "", "| process | category | CPU µs/req |", "|---|---|---|"]
+    for name, r in rows.items():
+        md.append(f"| {name} | **all** | **{r['cpu_us_per_req']}** |")
+        md += [f"| {name} | {k} | {v} |" for k, v in r["categories_us_per_req"].items()]
+    Path(f"{out}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
