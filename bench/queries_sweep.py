@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,8 @@ def run_layout(a: argparse.Namespace, layout: str, texts: list[str], sts: tuple[
     if a.model:
         cmd += ["--model", a.model]
     cmd += a.serve_arg
-    log = open(Path(a.out).with_suffix(f".{layout.replace(':', '-')}.log"), "wb")
+    log_path = Path(tempfile.mkdtemp(prefix="queries-")) / "server.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     row: dict[str, Any] = {"layout": layout, "gateway_workers": int(workers), "replicas": int(replicas),
                            "transport": transport, "command": " ".join(cmd[1:]), "cases": []}
@@ -170,7 +172,9 @@ def run_layout(a: argparse.Namespace, layout: str, texts: list[str], sts: tuple[
             print(json.dumps({"layout": layout, **case}), flush=True)
     except Exception as e:  # noqa: BLE001 - one failing layout keeps the others
         row["error"] = f"{type(e).__name__}: {e}"
-        print(f"{layout}: {row['error']}", flush=True)
+        log.flush()
+        row["log_tail"] = log_path.read_text(errors="replace")[-3000:]
+        print(f"{layout}: {row['error']}\n{row['log_tail']}", flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
