@@ -54,7 +54,7 @@ def main() -> None:
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine
     from bouquet.engine.pooling import finalize
-    from bouquet.gateway.tokenization import TextTokenizer
+    from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 
     s1, s2, _ = read_sts(args.split)

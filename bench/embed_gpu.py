@@ -109,7 +109,7 @@ def main() -> None:
     from bench.noop_engine import NoopEngine
     from bench.tiny_bert import build_random_bert
     from bouquet.engine.engine import resolve_device, resolve_dtype
-    from bouquet.gateway.tokenization import TextTokenizer
+    from bouquet.tokenization import TextTokenizer
     from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, default_budget, reserve_cores_for_engine,
                                         tokenizer_threads, usable_cores)
     from bouquet.jobs.reader import discover, iter_file

@@ -218,7 +218,7 @@ def main() -> None:
     a = ap.parse_args()
     from helpers import BouquetProcess
 
-    from bouquet.gateway.tokenization import TextTokenizer
+    from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 
     model_args: list[str] = []

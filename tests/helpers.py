@@ -47,10 +47,10 @@ class BouquetProcess:
     """`bouquet serve` as a real child process on free ports; stop() sends SIGTERM."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
-                 wait_for: tuple[int, ...] = (200,)) -> None:
+                 wait_for: tuple[int, ...] = (200,), device: str = "cpu") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(self.port), "--device", "cpu", *args]
+        cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(self.port), "--device", device, *args]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bouquet-test-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,

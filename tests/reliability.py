@@ -1,12 +1,7 @@
-"""Helpers for the reliability tests (issue 8): error-shape checks, feature detection, RSS reads.
-
-Feature detection looks at the *code in this tree*, never at the running server's answers, so a
-route that breaks after a merge fails its test instead of silently skipping it.
-"""
+"""Helpers for the reliability tests (issue 8): error-shape checks, RSS reads, child processes."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +10,6 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-HAS_API = has_module("bouquet.gateway.routes_tei")  # api branch: TEI routes, /v1/rerank, --api-key, /metrics
-HAS_AUTH = has_module("bouquet.gateway.auth")
-HAS_CANCEL_METRIC = has_module("bouquet.gateway.disconnect")  # scale branch: cancelled_sequences in /health
-HAS_TINY_MODELS = (REPO / "tests" / "fixtures" / "tiny_models.py").exists()  # engine branch
-
-needs_api = pytest.mark.skipif(not HAS_API, reason="TEI / rerank routes come with the api branch")
-needs_auth = pytest.mark.skipif(not HAS_AUTH, reason="--api-key comes with the api branch")
-needs_cancel_metric = pytest.mark.skipif(not HAS_CANCEL_METRIC, reason="cancelled_sequences comes with the scale branch")
-needs_tiny_models = pytest.mark.skipif(not HAS_TINY_MODELS, reason="tests/fixtures/tiny_models.py comes with the engine branch")
 
 
 def openai_error(r: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import numpy as np
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.engine.pooling import finalize
-from bouquet.gateway.tokenization import TextTokenizer
+from bouquet.tokenization import TextTokenizer
 from bouquet.modelspec import load_spec
 
 TEXTS = [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import cosine_rows
-from reliability import decode_b64, needs_api, openai_error, tei_error
+from reliability import decode_b64, openai_error, tei_error
 
 LONG = "The quick brown fox jumps over the lazy dog near the river bank. " * 80  # ~1,100 tokens > 256
 
@@ -58,7 +58,6 @@ def test_truncation_same_vector_every_path(minilm_server, ref):
     assert cosine_rows(as_str[None], ref(LONG)[None])[0] >= 0.9999  # sentence-transformers cuts at 256 too
 
 
-@needs_api
 def test_truncation_tei_route_same_vector(minilm_server):
     r = httpx.post(minilm_server.url + "/embed", json={"inputs": LONG, "truncate": True}, timeout=60)
     assert r.status_code == 200, r.text

@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import BouquetProcess, cross_encoder_reference
-from reliability import needs_api, needs_tiny_models
 
-pytestmark = [needs_api, needs_tiny_models]
 
 MAX_POS = 64  # the tiny BERT's max_position_embeddings
 # Three documents per query, words from the tiny tokenizer's vocabulary (no [UNK] soup).

@@ -11,7 +11,7 @@ import torch
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.engine.pooling import finalize
-from bouquet.gateway.tokenization import TextTokenizer
+from bouquet.tokenization import TextTokenizer
 from bouquet.modelspec import load_spec
 from helpers import BouquetProcess, cosine_rows
 from tests.fixtures.tiny_models import make_tiny_model

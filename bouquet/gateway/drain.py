@@ -19,13 +19,12 @@ from typing import Any
 
 import uvicorn
 
-from bouquet.gateway.errors import APIError
-
 log = logging.getLogger("bouquet")
 
 
 class DrainState:
-    """Requests in flight and whether the gateway is draining; shared by the middleware and server."""
+    """Requests in flight and whether the gateway is draining; shared by the front (front.py,
+    which counts requests and answers 503 while draining) and the server below."""
 
     def __init__(self, timeout_s: float, retry_after_s: int = 5) -> None:
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
@@ -50,28 +49,6 @@ class DrainState:
         if self.inflight:
             log.warning("bouquet: drain timeout with %d request(s) still in flight", self.inflight)
         return True
-
-
-class DrainMiddleware:
-    """Pure ASGI middleware: counts HTTP requests in flight; while draining answers 503."""
-
-    def __init__(self, app: Any, state: DrainState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if self.state.draining:
-            err = APIError(503, "the server is shutting down; retry on another instance", None, "shutting_down",
-                           headers={"Retry-After": str(self.state.retry_after_s), "Connection": "close"})
-            await err.response_for(scope["path"])(scope, receive, send)
-            return
-        self.state.inflight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.state.inflight -= 1
 
 
 class DrainingServer(uvicorn.Server):

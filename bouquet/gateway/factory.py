@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from bouquet.config import ConfigError, ServeConfig
-from bouquet.gateway.disconnect import ASGIApp
+from bouquet.gateway.front import ASGIApp
 
 GATEWAY_CONFIG_ENV = "BOUQUET_GATEWAY_CONFIG"
 

@@ -15,16 +15,15 @@ first window carries it. Inputs that fit in one window give exactly their ordina
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from bouquet.gateway.core import Gateway
 from bouquet.gateway.errors import bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
 
-if TYPE_CHECKING:
-    from bouquet.gateway.app import Gateway
 
 
 def overlap_for(max_len: int) -> int:
@@ -59,7 +58,7 @@ def _id_windows(seq: list[int], size: int, overlap: int) -> list[tuple[np.ndarra
         start += step
 
 
-async def embed_long(gw: "Gateway", inputs: TextInputs, prompt: str | None, normalize: bool | None,
+async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normalize: bool | None,
                      dims: int | None, priority: int = pb.PRIORITY_AUTO) -> tuple[np.ndarray, int, list[list[Window]]]:
     """Inputs → (vectors float32 [N, D], tokens embedded over all windows, windows per input).
 

@@ -10,11 +10,11 @@ import uuid
 from typing import Any
 
 import numpy as np
-from fastapi import Request
 from starlette.responses import Response
 
-from bouquet.gateway.app import PRIORITIES, Gateway, json_response, read_json
+from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request
+from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.scoring import score_pairs
 
@@ -59,11 +59,9 @@ def common_options(gw: Gateway, body: dict[str, Any]) -> dict[str, Any]:
             "priority": PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]}
 
 
-async def rerank_route(request: Request) -> Response:
+async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """Cohere/Jina rerank: ``query``, ``documents``, ``top_n``, ``return_documents`` → results sorted
     by ``relevance_score`` descending, each with its original ``index``."""
-    gw: Gateway = request.app.state.gateway
-    body = await read_json(request, gw.cfg.max_request_bytes)
     gw.check_model(body.get("model"))
     query = parse_query(body)
     docs = parse_documents(body.get("documents"), "documents", gw.cfg.max_inputs)
@@ -83,11 +81,9 @@ async def rerank_route(request: Request) -> Response:
                           "usage": {"prompt_tokens": s.tokens, "total_tokens": s.tokens}})
 
 
-async def score_route(request: Request) -> Response:
+async def score_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """vLLM score API: ``text_1`` and ``text_2`` (string or list). One string against a list scores
     it with each item; two lists are paired item by item (equal lengths, or ``text_1`` of one)."""
-    gw: Gateway = request.app.state.gateway
-    body = await read_json(request, gw.cfg.max_request_bytes)
     gw.check_model(body.get("model"))
     t1 = parse_texts(body.get("text_1"), "text_1", gw.cfg.max_inputs)
     t2 = parse_texts(body.get("text_2"), "text_2", gw.cfg.max_inputs)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Request
 from starlette.responses import Response
 
-from bouquet.gateway.app import PRIORITIES, TOKENIZER_THREADS, Gateway, embed, json_response, read_json
+from bouquet.gateway.core import PRIORITIES, TOKENIZER_THREADS, Gateway
 from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
+from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import score_pairs
 
 
@@ -29,10 +31,8 @@ def _direction(body: dict[str, Any]) -> str:
     return v.lower()
 
 
-async def embed_route(request: Request) -> Response:
+async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed`` → ``[[float, ...], ...]``, one vector per input (also for a single string)."""
-    gw: Gateway = request.app.state.gateway
-    body = await read_json(request, gw.cfg.max_request_bytes)
     if gw.spec.task != "embed":
         raise APIError(424, f"model '{gw.public_id}' is not an embedding model; use /rerank", "inputs", "wrong_task")
     inputs = parse_inputs(body.get("inputs"), "inputs", gw.cfg.max_inputs)
@@ -47,11 +47,9 @@ async def embed_route(request: Request) -> Response:
     return json_response(res.vectors)
 
 
-async def rerank_route(request: Request) -> Response:
+async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/rerank``: ``query``, ``texts``, ``raw_scores``, ``return_text`` → ``[{"index", "score",
     "text"?}]`` sorted by score, descending."""
-    gw: Gateway = request.app.state.gateway
-    body = await read_json(request, gw.cfg.max_request_bytes)
     query = parse_query(body)
     texts = parse_texts(body.get("texts"), "texts", gw.cfg.max_inputs)
     return_text = bool(opt_bool(body, "return_text"))
@@ -66,12 +64,10 @@ async def rerank_route(request: Request) -> Response:
     return json_response(out)
 
 
-async def tokenize_route(request: Request) -> Response:
+async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/tokenize``: ``inputs`` (string or list), ``add_special_tokens`` (default true),
     ``prompt_name`` → per input a list of ``{"id", "text", "special", "start", "stop"}``
     (character offsets into the input, null for special tokens)."""
-    gw: Gateway = request.app.state.gateway
-    body = await read_json(request, gw.cfg.max_request_bytes)
     texts = parse_texts(body.get("inputs"), "inputs", gw.cfg.max_inputs)
     add_special = opt_bool(body, "add_special_tokens")
     prompt = gw.resolve_prompt(body)
@@ -89,9 +85,8 @@ async def tokenize_route(request: Request) -> Response:
     return json_response(out)
 
 
-async def info_route(request: Request) -> Response:
+async def info_route(gw: Gateway) -> Response:
     """TEI ``/info``: model id, dtype, type (embedding pooling or reranker labels) and limits."""
-    gw: Gateway = request.app.state.gateway
     spec = gw.spec
     first = next((r.info for r in gw.pool.replicas if r.info is not None), None)
     if spec.task == "embed":
@@ -104,6 +99,6 @@ async def info_route(request: Request) -> Response:
         "model_type": model_type, "max_concurrent_requests": 0, "max_input_length": spec.max_seq_length,
         "max_batch_tokens": first.max_batch_tokens if first else 0, "max_batch_requests": None,
         "max_client_batch_size": gw.cfg.max_inputs, "auto_truncate": gw.cfg.truncate,
-        "tokenization_workers": TOKENIZER_THREADS, "version": request.app.version, "sha": None,
+        "tokenization_workers": TOKENIZER_THREADS, "version": VERSION, "sha": None,
         "docker_label": None, "dimension": spec.dimension, "task": spec.task,
     })

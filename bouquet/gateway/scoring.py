@@ -18,17 +18,16 @@ Over-long inputs lose document tokens, never query tokens: a query that alone do
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from bouquet.gateway.core import Gateway
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
-from bouquet.gateway.tokenization import TooLong
+from bouquet.gateway.pipeline import embed
 from bouquet.proto import bouquet_pb2 as pb
-
-if TYPE_CHECKING:
-    from bouquet.gateway.app import Gateway
+from bouquet.tokenization import TooLong
 
 
 @dataclass(frozen=True)
@@ -37,12 +36,12 @@ class Scores:
     tokens: int  # tokens run through the model
 
 
-def score_kind(gw: "Gateway") -> str:
+def score_kind(gw: Gateway) -> str:
     """'cosine' (embedding model), 'probability' (cross-encoder / LM reranker)."""
     return "cosine" if gw.spec.task == "embed" else "probability"
 
 
-async def score_pairs(gw: "Gateway", queries: list[str], docs: list[str], *, raw: bool = False, truncate: bool = True,
+async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: bool = False, truncate: bool = True,
                       instruction: str | None = None, priority: int = pb.PRIORITY_AUTO) -> Scores:
     """Score pair i = (queries[i], docs[i]). Raises APIError (400 for inputs that cannot fit)."""
     if gw.spec.task == "embed":
@@ -78,7 +77,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _templated(queries: list[str], docs: list[str], gw: "Gateway", template: str, instruction: str,
+def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, instruction: str,
                truncate: bool) -> list[np.ndarray]:
     """Fill the template per pair and tokenize it (no special tokens: the template has them).
     An over-long pair is re-built with the document cut at a token boundary until it fits."""
@@ -112,9 +111,7 @@ def _cut_document(tok: Any, head: str, doc: str, tail: str, limit: int, excess: 
     return None
 
 
-async def _cosine(gw: "Gateway", queries: list[str], docs: list[str], truncate: bool, priority: int) -> Scores:
-    from bouquet.gateway.app import embed
-
+async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bool, priority: int) -> Scores:
     prompts = gw.spec.prompts
     uq, ud = list(dict.fromkeys(queries)), list(dict.fromkeys(docs))
     # The query side is never truncated (a too-long query is an error); documents follow `truncate`.

@@ -233,7 +233,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
 
     from bouquet.engine.engine import resolve_device, resolve_dtype
     from bouquet.engine.pooling import finalize
-    from bouquet.gateway.tokenization import TextTokenizer
+    from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 
     cfg = cfg.validate()

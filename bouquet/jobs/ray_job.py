@@ -51,7 +51,7 @@ class EmbedActor:
     """Holds one Engine (one GPU, or the CPU) and embeds Arrow batches of (id, text) → (id, vector)."""
 
     def __init__(self, cfg: EmbedJobConfig, device: str) -> None:
-        from bouquet.gateway.tokenization import TextTokenizer
+        from bouquet.tokenization import TextTokenizer
         from bouquet.modelspec import load_spec
 
         import torch

@@ -1,0 +1,203 @@
+"""The gateway's outermost ASGI app: one layer between uvicorn and the routes.
+
+Per request, in this order: drain (503 while shutting down), API key, routing, body read and JSON
+parse (POST routes), cancellation when the client goes away, the route, error rendering, metrics.
+These were five stacked middlewares plus FastAPI's per-request machinery (dependency solving,
+two ``AsyncExitStack``s, route matching over every route): as much CPU as a small request's own
+work (bench/results/serving-path-cpu.md). FastAPI still holds the OpenAPI description of every
+route and serves ``/openapi.json``, ``/docs`` and the 404/405 answers for anything not routed here.
+
+Cancellation: Starlette does not stop a route whose client disconnected, so an abandoned bulk
+request would keep the replicas busy. Once the body is read, a request still running after
+``watch_after_s`` gets a watcher that waits for ``http.disconnect`` and cancels the request's task
+(not the response once it has started); the cancellation reaches the replicas, whose schedulers
+drop the sequences that have not run (``cancelled_sequences``). Most small requests finish first
+and never pay for the watcher's task.
+
+What it does not own: the routes (routes_*.py), error shapes (errors.py), the drain's timing
+(drain.py), the metrics' definitions (metrics.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, MutableMapping
+
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from bouquet.gateway.core import Gateway
+from bouquet.gateway.drain import DrainState
+from bouquet.gateway.errors import APIError, internal_error
+from bouquet.gateway.http import parse_json, read_body
+
+log = logging.getLogger(__name__)
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+PostRoute = Callable[[Gateway, dict[str, Any]], Awaitable[Response]]
+GetRoute = Callable[[Gateway], Awaitable[Response]]
+OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers, probes)
+
+
+@dataclass(frozen=True)
+class Routes:
+    """What the front serves itself: POST routes take the parsed JSON body, GET (and HEAD) routes nothing."""
+
+    post: dict[str, PostRoute]
+    get: dict[str, GetRoute]
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The credentials of ``Authorization: Bearer <token>``: the scheme is case-insensitive and
+    surrounding whitespace is ignored (RFC 9110 §11.1, RFC 6750 §2.1). None without the header or
+    with another scheme."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+class _Watch:
+    """Cancels ``task`` when the client disconnects before the response starts (module docstring)."""
+
+    __slots__ = ("task", "receive", "watcher", "started", "cancelled")
+
+    def __init__(self, task: asyncio.Task[Any], receive: Receive) -> None:
+        self.task, self.receive = task, receive
+        self.watcher: asyncio.Task[None] | None = None
+        self.started = False  # the response is on its way: never cancel then
+        self.cancelled = False
+
+    def start(self) -> None:
+        if self.watcher is None and not self.started:
+            self.watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            msg = await self.receive()
+            if msg["type"] == "http.disconnect":
+                if not self.started:
+                    self.cancelled = True  # nobody is left to read the answer
+                    self.task.cancel()
+                return
+
+
+class Front:
+    """ASGI app: serves ``routes`` for ``gw``; everything else goes to ``api`` (FastAPI)."""
+
+    def __init__(self, api: ASGIApp, gw: Gateway, routes: Routes, api_key: str | None = None,
+                 drain: DrainState | None = None, watch_after_s: float = 0.02) -> None:
+        self.api, self.gw, self.routes, self.drain = api, gw, routes, drain
+        self.key = api_key.encode() if api_key else None
+        self.watch_after_s = watch_after_s
+        self.known = frozenset({*routes.post, *routes.get})
+        metrics = gw.metrics
+        # Labelled children looked up once: ``labels()`` takes a lock and builds a key per call.
+        self._latency = {r: metrics.latency.labels(r) for r in (*self.known, "other")}
+        self._count: dict[tuple[str, str, int], Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)  # lifespan: the replica pool starts and stops there
+            return
+        t0 = time.perf_counter()
+        path, method = scope["path"], scope["method"]
+        drain = self.drain
+        if drain is not None:
+            if drain.draining:
+                err = APIError(503, "the server is shutting down; retry on another instance", None, "shutting_down",
+                               headers={"Retry-After": str(drain.retry_after_s), "Connection": "close"})
+                await self._send(send, err.response_for(path), path, method, t0)
+                return
+            drain.inflight += 1
+        try:
+            if self.key is not None and path not in OPEN_PATHS:
+                token = bearer_token(scope["headers"])
+                if token is None or not hmac.compare_digest(token, self.key):
+                    msg = "missing 'Authorization: Bearer' header" if token is None else "invalid API key"
+                    err = APIError(401, f"{msg}; this server requires an API key", None, "invalid_api_key",
+                                   headers={"WWW-Authenticate": "Bearer"})
+                    await self._send(send, err.response_for(path), path, method, t0)
+                    return
+            if method == "POST" and path in self.routes.post:
+                await self._post(self.routes.post[path], scope, receive, send, t0)
+            elif (method == "GET" or method == "HEAD") and path in self.routes.get:
+                try:
+                    response = await self.routes.get[path](self.gw)
+                except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
+                    log.exception("unhandled error on %s", path)
+                    response = internal_error(e).response_for(path)
+                await self._send(send, response, path, method, t0)
+            else:
+                await self._other(scope, receive, send, t0)
+        finally:
+            if drain is not None:
+                drain.inflight -= 1
+
+    async def _post(self, route: PostRoute, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        path = scope["path"]
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _Watch(task, receive)
+        timer: asyncio.TimerHandle | None = None
+        try:
+            body = await read_body(scope["headers"], receive, self.gw.cfg.max_request_bytes)
+            timer = asyncio.get_running_loop().call_later(self.watch_after_s, watch.start)
+            response = await route(self.gw, parse_json(body))
+        except APIError as e:
+            response = e.response_for(path)
+        except ClientDisconnect:
+            return  # gone before its body arrived: no one to answer
+        except asyncio.CancelledError:
+            if not watch.cancelled:
+                raise
+            task.uncancel()
+            return
+        except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
+            log.exception("unhandled error on %s", path)
+            response = internal_error(e).response_for(path)
+        finally:
+            watch.started = True
+            if timer is not None:
+                timer.cancel()
+            if watch.watcher is not None:
+                watch.watcher.cancel()
+        await self._send(send, response, path, "POST", t0)
+
+    async def _send(self, send: Send, response: Response, route: str, method: str, t0: float) -> None:
+        status = response.status_code
+        await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+        self._observe(route, method, status, t0)
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
+        """FastAPI: docs, unknown paths (404), wrong methods (405); counted under route "other"."""
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.api(scope, receive, send_status)
+        finally:
+            self._observe("other", scope["method"], status, t0)
+
+    def _observe(self, route: str, method: str, status: int, t0: float) -> None:
+        if route not in self.known:
+            route = "other"
+        self._latency[route].observe(time.perf_counter() - t0)
+        key = (route, method, status)
+        count = self._count.get(key)
+        if count is None:
+            count = self._count[key] = self.gw.metrics.requests.labels(route, method, str(status))
+        count.inc()

@@ -1,0 +1,37 @@
+"""Inputs to vectors: the one embedding pipeline under the OpenAI and TEI routes and cosine scoring.
+
+Tokenize (or check token ids), run on the replicas, and for inputs longer than the model allows
+window them (long_inputs.py). What it does not own: parsing request fields (inputs.py, the
+routes), response shapes (the routes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bouquet.gateway.core import Gateway
+from bouquet.gateway.inputs import TextInputs
+from bouquet.gateway.long_inputs import embed_long
+from bouquet.proto import bouquet_pb2 as pb
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: np.ndarray  # float32 [N, D], one row per input
+    tokens: int  # tokens embedded (every window counted in chunk modes)
+    chunks: list[list[Any]] | None = None  # long_input "chunks": per input, its long_inputs.Window list
+
+
+async def embed(gw: Gateway, inputs: TextInputs, mode: str, side: str, prompt: str | None,
+                normalize: bool | None, dims: int | None, priority: int = pb.PRIORITY_AUTO) -> EmbedResult:
+    """Inputs → EmbedResult. ``mode`` is a long_input mode (inputs.LONG_INPUT_MODES), ``side``
+    the truncation side. Raises APIError (400 for inputs that cannot be embedded, 429/503/504
+    from the replicas)."""
+    if mode in ("chunk_mean", "chunks"):
+        vectors, tokens, chunks = await embed_long(gw, inputs, prompt, normalize, dims, priority)
+        return EmbedResult(vectors, tokens, chunks if mode == "chunks" else None)
+    enc = await gw.tokenize(inputs, mode == "truncate", side, prompt)
+    vectors = await gw.infer(enc.ids, None, normalize, dims, priority)
+    return EmbedResult(vectors, enc.num_tokens)

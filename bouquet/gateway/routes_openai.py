@@ -1,0 +1,68 @@
+"""OpenAI-compatible routes: ``POST /v1/embeddings`` (plus bouquet's extensions, docs/api.md),
+``GET /v1/models``; and the operational ones: ``GET /health``, ``GET /metrics``.
+
+Request and response shapes follow the OpenAI API reference ("Embeddings", "Models"); errors use
+its ``{"error": {...}}`` shape (errors.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from starlette.responses import Response
+
+from bouquet.gateway.core import PRIORITIES, Gateway
+from bouquet.gateway.errors import bad_request
+from bouquet.gateway.http import encode_vectors, json_response
+from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from bouquet.gateway.pipeline import embed
+
+VERSION = "0.1.0"
+
+
+async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
+    """``input`` (string, strings, token ids) → ``{"object": "list", "data": [{"embedding", "index"}], ...}``."""
+    gw.check_model(body.get("model"))
+    inputs = parse_inputs(body.get("input"), "input", gw.cfg.max_inputs)
+    fmt = opt_str(body, "encoding_format")
+    fmt = "float" if fmt is None else fmt  # "" is an unknown format, not the default
+    if fmt not in ("float", "base64"):
+        raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format", "invalid_value")
+    dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)
+    normalize = opt_bool(body, "normalize")
+    side = opt_str(body, "truncation_side", ("left", "right")) or "right"
+    mode = long_input_mode(body, gw.cfg.truncate)
+    priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("'user' must be a string", "user", "invalid_type")
+    if gw.spec.task != "embed":
+        raise bad_request(f"model '{gw.public_id}' is a scoring model; use /v1/rerank or /v1/score", "model", "wrong_task")
+    prompt = gw.resolve_prompt(body) if inputs.texts is not None else None
+    res = await embed(gw, inputs, mode, side, prompt, normalize, dims, priority)
+    data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encode_vectors(res.vectors, fmt))]
+    if res.chunks is not None:  # long_input "chunks": one vector per window, with its offsets
+        for item, windows in zip(data, res.chunks):
+            vecs = encode_vectors(np.stack([w.vector for w in windows]), fmt)
+            item["chunks"] = [w.to_json(v) for w, v in zip(windows, vecs)]
+    return json_response({"object": "list", "data": data, "model": gw.public_id,
+                          "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+
+async def health_route(gw: Gateway) -> Response:
+    """200 once a replica is loaded and warmed up, 503 before; the replicas as the pool sees them."""
+    replicas = [r.describe() for r in gw.pool.replicas]
+    ready = gw.pool.ready
+    return json_response({"status": "ok" if ready else "loading", "model": gw.public_id, "replicas": replicas},
+                         200 if ready else 503)
+
+
+async def models_route(gw: Gateway) -> Response:
+    return json_response({"object": "list", "data": [
+        {"id": gw.public_id, "object": "model", "created": gw.created, "owned_by": "bouquet",
+         "aliases": sorted(gw.names - {gw.public_id})}]})
+
+
+async def metrics_route(gw: Gateway) -> Response:
+    return Response(gw.metrics.render(), media_type=METRICS_CONTENT_TYPE)
