@@ -153,17 +153,23 @@ def run_layout(a: argparse.Namespace, layout: str, texts: list[str], sts: tuple[
 
             cos = (e1 * e2).sum(1) / (np.linalg.norm(e1, axis=1) * np.linalg.norm(e2, axis=1))
             row["sts_test_spearman"] = round(float(spearmanr(cos, gold).statistic), 5)
-        reqs = [post_request("127.0.0.1", port, "/v1/embeddings", orjson.dumps({"input": t, "encoding_format": "base64"}))
-                for t in texts]
+        if a.batch > 1:  # bulk: each request carries `batch` consecutive texts
+            reqs = [post_request("127.0.0.1", port, "/v1/embeddings", orjson.dumps(
+                {"input": [texts[(i + j) % len(texts)] for j in range(a.batch)], "encoding_format": "base64"}))
+                for i in range(0, len(texts), a.batch)]
+        else:
+            reqs = [post_request("127.0.0.1", port, "/v1/embeddings", orjson.dumps({"input": t, "encoding_format": "base64"}))
+                    for t in texts]
         pids = tree_pids(proc.pid)
         for clients in a.clients:
             c0, t0 = cpu_s(pids), time.monotonic()
             res = run_load("127.0.0.1", port, reqs, clients, a.seconds, a.warmup, processes=min(clients, a.max_procs))
             wall = time.monotonic() - t0
             server_cpu = cpu_s(pids) - c0
-            case = {"clients": clients, **summarize(res, a.seconds),
+            case = {"clients": clients, "batch": a.batch, **summarize(res, a.seconds),
                     "server_cpu_us_per_req": round(server_cpu / max(1, len(res.latencies)) * 1e6 * a.seconds / wall, 1)}
-            if a.engine != "noop" and res.samples:
+            case["texts_s"] = round(case["req_s"] * a.batch, 1)
+            if a.engine != "noop" and res.samples and a.batch == 1:
                 got = np.stack([vectors(orjson.loads(b))[0] for i, b in sorted(res.samples.items()) if i < 512])
                 want = ref[[i for i in sorted(res.samples) if i < 512]]
                 cosv = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
@@ -191,11 +197,11 @@ def markdown(res: dict[str, Any]) -> str:
            f"`{res['command']}`", "", f"engine {res['engine']}, model {res['model'] or 'embedded all-MiniLM-L6-v2'}, device "
            f"{res['device']}; one STSb test sentence per request, base64; {res['seconds']} s per case after "
            f"{res['warmup']} s of the same load", "",
-           "| layout (workers:replicas:transport) | clients | req/s | p50 ms | p99 ms | server CPU µs/req | client CPU µs/req | check |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| layout (workers:replicas:transport) | clients × texts | req/s | texts/s | p50 ms | p99 ms | server CPU µs/req | client CPU µs/req | check |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in res["layouts"]:
         if "error" in r:
-            out.append(f"| {r['layout']} | – | error: {r['error'][:100]} | | | | | |")
+            out.append(f"| {r['layout']} | – | error: {r['error'][:100]} | | | | | | |")
         for c in r["cases"]:
             check = []
             if "min_cosine_vs_batched" in c:
@@ -204,7 +210,8 @@ def markdown(res: dict[str, Any]) -> str:
                 check.append(f"STSb ρ {r['sts_test_spearman']}")
             if set(c.get("statuses", {})) - {"200"} or c.get("errors"):
                 check.append(f"statuses {c.get('statuses')} errors {c.get('errors')}")
-            out.append(f"| {r['layout']} | {c['clients']} | {c['req_s']:,.0f} | {c.get('p50', '–')} | {c.get('p99', '–')} | "
+            out.append(f"| {r['layout']} | {c['clients']} × {c.get('batch', 1)} | {c['req_s']:,.0f} | {c.get('texts_s', 0):,.0f} | "
+                       f"{c.get('p50', '–')} | {c.get('p99', '–')} | "
                        f"{c['server_cpu_us_per_req']} | {c.get('client_cpu_us_per_req', '–')} | {'; '.join(check)} |")
     return "\n".join(out) + "\n"
 
@@ -216,6 +223,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--layout", action="append", default=[])
     ap.add_argument("--clients", default="64,256")
+    ap.add_argument("--batch", type=int, default=1, help="texts per request (1: queries; e.g. 256: bulk)")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--max-procs", type=int, default=256, help="client processes at most (clients share them beyond)")

@@ -117,10 +117,12 @@ def serve(
 
 @app.command()
 def bench(
-    model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: bge-base | qwen3-0.6b | minilm. Repeatable."),
+    model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: bge-base | qwen3-0.6b | minilm; "
+                                    "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"],
-                                     help="Systems: engine (in process) | grpc | http | openai | transformers. Repeatable."),
-    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (DESIGN.md)."),
+                                     help="Systems: engine (in process) | grpc | http | http-noop (bouquet serve --engine "
+                                     "noop) | openai | transformers. Repeatable."),
+    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (DESIGN.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
     out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
     models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
@@ -144,6 +146,10 @@ def bench(
     openai_model: Optional[str] = typer.Option(None),
     commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
     gateway_workers: int = typer.Option(1, help="Gateway worker processes of the HTTP server the bench starts."),
+    replicas_per_gpu: int = typer.Option(1, help="Replica processes of the HTTP server the bench starts."),
+    query_clients: str = typer.Option("64,256", help="Benchmark 5: client processes (one keep-alive connection each)."),
+    query_tokens: str = typer.Option("16,64", help="Benchmark 5: generated text lengths, lowest,highest tokens."),
+    query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),
 ) -> None:
     """Run DESIGN.md's benchmarks against bouquet and the transformers baseline, side by side."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -155,11 +161,13 @@ def bench(
 
     settings = Settings(lat_lengths=ints(lat_lengths), score_batches=ints(score_batches), thr_lengths=ints(thr_lengths),
                         score_len=score_len, conc_len=conc_len, thr_batch=thr_batch, concurrency=ints(concurrency), seconds=seconds, min_iters=min_iters,
-                        warmup=warmup, warmup_s=warmup_seconds, mixed=ints(mixed_range)[:2])  # type: ignore[arg-type]
+                        warmup=warmup, warmup_s=warmup_seconds, mixed=ints(mixed_range)[:2],  # type: ignore[arg-type]
+                        query_clients=ints(query_clients), query_tokens=ints(query_tokens)[:2])  # type: ignore[arg-type]
     opts = BenchOptions(models=tuple(model), systems=tuple(system), benchmarks=tuple(benchmarks.split(",")), device=device,
                         out=out, models_root=models_root or out / "models", tokenizer=tokenizer, tiny=tiny,
                         settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,
-                        openai_model=openai_model, commit=commit, gateway_workers=gateway_workers)
+                        openai_model=openai_model, commit=commit, gateway_workers=gateway_workers,
+                        replicas_per_gpu=replicas_per_gpu, query_texts=query_texts)
     results, files = run_bench(opts)
     typer.echo((out / "results.md").read_text())
     for f in files:

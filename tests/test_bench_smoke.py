@@ -52,6 +52,28 @@ def test_bench_http_text_path_smoke(tmp_path: Path) -> None:
     assert all(r["n"] >= 2 and r["req_s"] > 0 for (b, _), r in rows.items() if b == "4")
 
 
+def test_bench_queries_smoke(tmp_path: Path) -> None:
+    """Benchmark 5 (online queries) on bouquet with the model and with the no-op engine: client
+    processes, replies checked (cosine against transformers; zero vectors for no-op), rows written."""
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+           "--system", "http", "--system", "http-noop", "--out", str(tmp_path), "--benchmarks", "5",
+           "--seconds", "0.5", "--warmup-seconds", "0.2", "--query-clients", "1,3", "--query-tokens", "8,24"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads((tmp_path / "results.json").read_text())["models"]["minilm-tiny"]
+    assert not m["errors"]
+    rows = {(r["system"], r["case"]): r for r in m["rows"]}
+    assert set(rows) == {(s, c) for s in ("bouquet-http", "bouquet-http-noop") for c in ("c1", "c3")}
+    for (system, _), r in rows.items():
+        assert r["req_s"] > 0 and r["statuses"] == {"200": r["n"]} and not r["errors"], r
+        assert r["p50"] <= r["p99"]
+        if system == "bouquet-http":
+            assert r["min_cosine"] > 0.999 and r["checked"] >= 1
+        else:
+            assert r["zero_vectors_ok"] == 1.0
+    assert "Benchmark 5" in (tmp_path / "results.md").read_text()
+
+
 def test_gateway_tokens_bench_smoke(tmp_path: Path) -> None:
     """bench/gateway_tokens_gpu.py (issue #4 (b), run on the H200) works end to end before it
     spends device time: serve, client processes, replies checked, engine-only pass, JSON out."""

@@ -2,8 +2,9 @@
 device: ``step`` returns at once, the handle turns ready after the batch's "device time".
 
 Checks where work happens (graph replays stepped on the event loop, other batches and waits in
-helper threads, finished results read on the loop), that no more than ``depth`` batches are in
-flight, and that every request gets its own rows.
+helper threads, a replay with nothing else to do waited for on the loop, finished results read on
+the loop), that no more than ``depth`` batches are in flight, and that every request gets its own
+rows.
 """
 from __future__ import annotations
 
@@ -102,9 +103,28 @@ def test_graph_replays_are_stepped_on_the_loop_other_batches_in_a_thread() -> No
     assert small[:, 0].tolist() == [11] and large[:, 0].tolist() == [21, 22]
     (t_small, _, _, h_small), (t_large, _, _, h_large) = engine.steps
     assert t_small == loop_thread and t_large != loop_thread
-    # both were still running when the loop got to them: waited for off the loop
-    assert h_small.waited_on and h_small.waited_on[0] != loop_thread
+    # The replay ran with nothing else queued or in flight: waited for on the loop (no thread
+    # hops); the eager batch, unbounded, off the loop.
+    assert h_small.waited_on == [loop_thread]
     assert h_large.waited_on and h_large.waited_on[0] != loop_thread
+
+
+def test_a_running_replay_is_waited_off_the_loop_while_other_work_waits() -> None:
+    engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.03)
+
+    async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
+        svc.scheduler.max_batch_tokens = 16  # one request per batch
+        first = asyncio.create_task(submit(svc, request([1], 16)))
+        second = asyncio.create_task(submit(svc, request([2], 16)))  # queued before the loop looks
+        return await first, await second
+
+    (first, second), loop_thread = run_loop(engine, body)
+    assert first[:, 0].tolist() == [1] and second[:, 0].tolist() == [2]
+    (_, _, _, h1), (_, _, _, h2) = engine.steps
+    # the second batch was launched while the first ran (depth 2), so the first was waited for
+    # in a helper thread and the loop stayed free; the second, alone by then, on the loop
+    assert h1.waited_on and h1.waited_on[0] != loop_thread
+    assert h2.waited_on == [loop_thread]
 
 
 def test_a_finished_result_is_read_on_the_loop() -> None:

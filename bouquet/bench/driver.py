@@ -24,7 +24,7 @@ from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_mod
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
 log = logging.getLogger("bouquet.bench")
-SYSTEMS = ("engine", "grpc", "http", "openai", "transformers")
+SYSTEMS = ("engine", "grpc", "http", "http-noop", "openai", "transformers")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class BenchOptions:
     graph_check: bool = True
     commit: str | None = None
     gateway_workers: int = 1  # gateway processes of the HTTP server the bench starts
+    replicas_per_gpu: int = 1  # replica processes of the HTTP server the bench starts
+    query_texts: Path | None = None  # benchmark 5: one text per line (default: generated, 16-64 tokens)
 
 
 def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
@@ -59,7 +61,8 @@ def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
             "cpu": f"{platform.processor() or platform.machine()} x{__import__('os').cpu_count()}",
             "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "matmul_tflops": rate / 1e12,
-            "settings": opts.settings.__dict__, "device": opts.device, "gateway_workers": opts.gateway_workers}
+            "settings": opts.settings.__dict__, "device": opts.device, "gateway_workers": opts.gateway_workers,
+            "replicas_per_gpu": opts.replicas_per_gpu}
 
 
 def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.Generator) -> dict[str, Any]:
@@ -95,12 +98,15 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
         return EngineTarget(model_dir, opts.device)
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
-    if system in ("grpc", "http"):
-        given = opts.grpc_address if system == "grpc" else opts.http_url
+    if system in ("grpc", "http", "http-noop"):
+        given = opts.grpc_address if system == "grpc" else opts.http_url if system == "http" else None
         if given is None:  # start our own and watch it while it loads
-            servers.append(ServerProcess(system, model_dir, opts.device, gateway_workers=opts.gateway_workers))
+            servers.append(ServerProcess("grpc" if system == "grpc" else "http", model_dir, opts.device,
+                                         gateway_workers=opts.gateway_workers, replicas_per_gpu=opts.replicas_per_gpu,
+                                         engine="noop" if system == "http-noop" else "torch"))
         address = given or servers[-1].address
-        remote: GrpcTarget | HttpTarget = GrpcTarget(address) if system == "grpc" else HttpTarget(address)
+        remote: GrpcTarget | HttpTarget = (GrpcTarget(address) if system == "grpc" else
+                                           HttpTarget(address, name="bouquet-" + system))
         remote.wait_ready(300, servers[-1].check if servers else lambda: None)
         return remote
     if system == "openai":
@@ -111,8 +117,11 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
 
 
 def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str, Any]:
-    tok = opts.tokenizer or default_tokenizer()
-    model_dir = make_model_dir(shape, opts.models_root, tok)
+    if shape.path is not None:  # a real model directory: its own weights and tokenizer
+        model_dir, tok = shape.path, shape.path / "tokenizer.json"
+    else:
+        tok = opts.tokenizer or default_tokenizer()
+        model_dir = make_model_dir(shape, opts.models_root, tok)
     s = opts.settings
     rng = np.random.default_rng(0)
     check_seqs = R.random_seqs(rng, [7, 128, 512, 33], shape.config["vocab_size"])
@@ -125,8 +134,9 @@ def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str,
         try:
             target = ref if system == "transformers" else _open(system, model_dir, opts, servers)
             log.info("%s / %s: checking against transformers", shape.name, target.name)
-            res["checks"][target.name] = R.cosine_check(target, ref, check_seqs)
-            for phase in ("graphs", "latency", "throughput", "concurrency"):
+            if target.name != "bouquet-http-noop":  # zero vectors by design: benchmark 5 checks their shape
+                res["checks"][target.name] = R.cosine_check(target, ref, check_seqs)
+            for phase in ("graphs", "latency", "throughput", "concurrency", "queries"):
                 try:  # a failing phase (say, a request size a server refuses) keeps the others
                     _phase(phase, target, ref, shape, opts, rate, rng, texts, model_dir, res)
                 except Exception as e:  # noqa: BLE001
@@ -157,10 +167,14 @@ def _phase(phase: str, target: Target, ref: Target, shape: ModelShape, opts: Ben
         res["rows"] += [r for r in R.bench_latency(target, shape, s, rate, rng) if r["bench"] in want]
     elif phase == "throughput" and ("3" in want or "mixed" in want):
         res["rows"] += R.bench_throughput(target, shape, s, rate, "mixed" in want, "3" in want)
-    elif phase == "concurrency" and "4" in want and target.tokenizes:
+    elif phase == "concurrency" and "4" in want and target.tokenizes and target.name != "bouquet-http-noop":
         if isinstance(target, HttpTarget) and target.name == "bouquet-http":
             res["checks"][target.name + "-text"] = _text_check(target, ref, model_dir, texts[0])
         res["rows"] += R.bench_concurrency(target, shape, s, rate, texts)
+    elif phase == "queries" and "5" in want and isinstance(target, HttpTarget):
+        queries = query_texts(opts, model_dir)
+        check = _zero_check(shape) if target.name == "bouquet-http-noop" else _query_check(ref, model_dir, queries)
+        res["rows"] += R.bench_queries(target.url, queries, s, target.name, target.model, check)
     for r in res["rows"][n_rows:]:
         log.info("%s", r)
 
@@ -179,6 +193,55 @@ def _text_check(target: HttpTarget, ref: Target, model_dir: Path, text: str) -> 
     tk.enable_truncation(spec.max_seq_length - (1 if eos is not None else 0))
     ids = tk.encode(text).ids + ([eos] if eos is not None else [])
     return R.cosine_check(_Fixed(target.embed_texts([text])), ref, [np.array(ids, np.int32)])
+
+
+def query_texts(opts: BenchOptions, model_dir: Path) -> list[str]:
+    """Benchmark 5's texts: ``opts.query_texts`` (one per line), else 2,000 generated ones of
+    ``settings.query_tokens`` tokens (uniform), whole vocabulary words."""
+    if opts.query_texts is not None:
+        return [t for t in opts.query_texts.read_text(encoding="utf-8").splitlines() if t.strip()]
+    lo, hi = opts.settings.query_tokens
+    return R.make_texts(str(model_dir / "tokenizer.json"), 2000, (lo, hi), seed=5)
+
+
+def _tokenize_like_gateway(model_dir: Path, texts: list[str]) -> list[np.ndarray]:
+    from bouquet.modelspec import load_spec
+    from bouquet.tokenization import TextTokenizer
+
+    return TextTokenizer(load_spec(str(model_dir))).encode(texts).ids
+
+
+def _query_check(ref: Target, model_dir: Path, texts: list[str]) -> Any:
+    """Benchmark 5's replies (a sample, by text index) against the reference on the same ids."""
+    import base64
+
+    import orjson
+
+    def check(samples: dict[int, bytes]) -> dict[str, float]:
+        idx = sorted(samples)
+        got = np.stack([np.frombuffer(base64.b64decode(orjson.loads(samples[i])["data"][0]["embedding"]), "<f4")
+                        for i in idx])
+        want = ref.embed_ids(_tokenize_like_gateway(model_dir, [texts[i % len(texts)] for i in idx]))
+        if got.shape != want.shape:
+            return {"min_cosine": float("nan")}
+        cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
+        return {"min_cosine": round(float(cos.min()), 6), "checked": len(idx)}
+
+    return check
+
+
+def _zero_check(shape: ModelShape) -> Any:
+    """The no-op engine answers zero vectors of the model's dimension: check that much."""
+    import base64
+
+    import orjson
+
+    def check(samples: dict[int, bytes]) -> dict[str, float]:
+        vecs = [np.frombuffer(base64.b64decode(orjson.loads(b)["data"][0]["embedding"]), "<f4") for b in samples.values()]
+        ok = all(v.shape == vecs[0].shape and not v.any() for v in vecs)
+        return {"zero_vectors_ok": float(ok), "checked": len(vecs)}
+
+    return check
 
 
 class _Fixed(Target):
@@ -210,9 +273,12 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], list[Path]]:
     rate = R.measure_matmul_rate(opts.device)
     results: dict[str, Any] = {"meta": _meta(opts, rate), "models": {}}
     for name in opts.models:
-        if name not in SHAPES:
-            raise ValueError(f"unknown model shape {name!r}; choose from {sorted(SHAPES)}")
-        shape = tiny(SHAPES[name]) if opts.tiny else SHAPES[name]
+        if Path(name).is_dir():
+            shape = ModelShape.from_dir(Path(name))
+        elif name not in SHAPES:
+            raise ValueError(f"unknown model shape {name!r}; choose from {sorted(SHAPES)} or give a model directory")
+        else:
+            shape = tiny(SHAPES[name]) if opts.tiny else SHAPES[name]
         results["models"][shape.name] = bench_model(shape, opts, rate)
         write_all(results, opts.out)  # partial results survive a later failure
     return results, write_all(results, opts.out)

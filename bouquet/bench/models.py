@@ -24,6 +24,15 @@ class ModelShape:
     pooling: str  # "cls" | "mean" | "last" (sentence-transformers Pooling module)
     max_len: int  # longest sequence the benchmarks use, tokens
     extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None  # a real model directory (its weights and tokenizer), not random weights
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "ModelShape":
+        """A real Hugging Face model directory, benchmarked with its own weights and tokenizer."""
+        from bouquet.modelspec import load_spec
+
+        spec = load_spec(str(path))
+        return cls(path.name, json.loads((path / "config.json").read_text()), spec.pooling, spec.max_seq_length, path=path)
 
     @property
     def causal(self) -> bool:

@@ -12,6 +12,7 @@ TITLES = {
     "3": "Benchmark 3: throughput, batch 100, 4 clients (emb/s)",
     "3-mixed": "Benchmark 3, mixed lengths in arrival order (emb/s)",
     "4": "Benchmark 4: text through the gateway, concurrent clients (p50 ms)",
+    "5": "Benchmark 5: online queries, one short text per request, N client processes (req/s; p50 / p99 ms)",
 }
 
 
@@ -20,6 +21,9 @@ def _cell(row: dict[str, Any]) -> str:
     clock = f" {gpu['sm_mhz']:.0f} MHz" if gpu else ""
     if "emb_s" in row:
         return f"{row['emb_s']:,.0f} ({100 * row['roofline_frac']:.0f}%){clock}"
+    if row.get("bench") == "5":
+        bad = sum(v for k, v in row.get("statuses", {}).items() if k != "200") + len(row.get("errors") or [])
+        return f"{row['req_s']:,.0f} req/s, {row['p50']:.2f} / {row['p99']:.2f}{f' ({bad} failed)' if bad else ''}{clock}"
     return f"{row['p50']:.2f} / {row['p99']:.2f} ({100 * row['roofline_frac']:.0f}%){clock}"
 
 
@@ -62,7 +66,7 @@ def markdown(results: dict[str, Any]) -> str:
                 any_r = next(iter(cells.values()))
                 floor = any_r.get("floor_ms", any_r.get("ceiling_emb_s"))
                 lines.append(f"| {case} | " + " | ".join(_cell(cells[s]) if s in cells else "–" for s in systems)
-                             + f" | {floor:,.3f} |")
+                             + (f" | {floor:,.3f} |" if floor is not None else " | – |"))
             lines.append("")
     return "\n".join(lines)
 
@@ -86,13 +90,13 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
             systems = list(dict.fromkeys(r["system"] for r in brs))
             cases = list(dict.fromkeys(r["case"] for r in brs))
             width = 0.8 / len(systems)
-            key = "emb_s" if "emb_s" in brs[0] else "p50"
+            key = "emb_s" if "emb_s" in brs[0] else "req_s" if bench == "5" else "p50"
             for i, sysname in enumerate(systems):
                 vals = [next((r[key] for r in brs if r["case"] == c and r["system"] == sysname), 0.0) for c in cases]
                 ax.bar([j + i * width for j in range(len(cases))], vals, width, label=sysname)
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=20, fontsize=8)
             ax.set_yscale("log")
-            ax.set_ylabel("embeddings/s" if key == "emb_s" else "p50 ms")
+            ax.set_ylabel({"emb_s": "embeddings/s", "req_s": "requests/s"}.get(key, "p50 ms"))
             ax.set_title(TITLES.get(bench, bench), fontsize=8)
             ax.legend(fontsize=7)
         fig.suptitle(f"{model} — {results['meta'].get('gpu') or results['meta'].get('cpu')}")

@@ -5,6 +5,8 @@
 3. throughput: batches of 100, ``clients`` concurrent clients, lengths ``thr_lengths``: emb/s;
    ``mixed``: the same with lengths uniform in [16, 512], in arrival order
 4. concurrency: text through an HTTP gateway, 512 tokens, batch 1, 1–16 clients: ms
+5. queries: one short text per request from N client processes (64, 256), keep-alive, closed
+   loop (bouquet/bench/loadgen.py): req/s, p50/p90/p99 ms
 
 Every case runs for about ``seconds`` (at least ``min_iters`` requests) so slow baselines do not
 blow the time budget; the concurrent ones (3, 4) first run ``warmup_s`` seconds of the same load
@@ -44,6 +46,8 @@ class Settings:
     # window, so a server's first sights and captures of new CUDA-graph buckets (50-1,000 ms
     # each, bench/graph_warmup_gpu.py) are not in the figures; that cost is reported on its own.
     warmup_s: float = 1.0
+    query_clients: tuple[int, ...] = (64, 256)  # benchmark 5: client processes
+    query_tokens: tuple[int, int] = (16, 64)  # benchmark 5: text lengths, tokens (uniform)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -223,14 +227,16 @@ def bench_throughput(target: Target, shape: ModelShape, s: Settings, rate: float
     return rows
 
 
-def make_texts(tokenizer_path: str, n: int, tokens: int, seed: int = 0) -> list[str]:
-    """``n`` texts of random whole-word vocabulary entries that tokenize to about ``tokens`` tokens."""
+def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed: int = 0) -> list[str]:
+    """``n`` texts of random whole-word vocabulary entries that tokenize to about ``tokens`` tokens
+    (or, for a (lo, hi) pair, to a length drawn uniformly from it per text)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
     words = [w for w, i in tok.get_vocab().items() if w.isalpha() and w.isascii() and i > 2000]
     rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(words, size=tokens - 2)) for _ in range(n)]
+    lo, hi = tokens if isinstance(tokens, tuple) else (tokens, tokens)
+    return [" ".join(rng.choice(words, size=max(1, int(rng.integers(lo, hi + 1)) - 2))) for _ in range(n)]
 
 
 def bench_concurrency(target: Target, shape: ModelShape, s: Settings, rate: float, texts: list[str]) -> list[dict[str, Any]]:
@@ -260,5 +266,33 @@ def bench_concurrency(target: Target, shape: ModelShape, s: Settings, rate: floa
         row = _latency_row("4", f"c{c} L{s.conc_len}", target, ms, shape.sequence_flops(s.conc_len), rate)
         row["gpu"] = g.state
         row["req_s"] = round(len(ms) / elapsed, 1)
+        rows.append(row)
+    return rows
+
+
+def bench_queries(url: str, texts: list[str], s: Settings, system: str, model: str | None = None,
+                  check: Callable[[dict[int, bytes]], dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """Benchmark 5 against the OpenAI-compatible ``url`` (``…/v1/embeddings``): per client count,
+    that many processes each with one keep-alive connection send one text at a time (base64
+    replies) for ``s.warmup_s`` untimed then ``s.seconds`` timed. ``check`` gets the replies kept
+    per text index and returns figures to record (a cosine against the reference, say)."""
+    from urllib.parse import urlsplit
+
+    import orjson
+
+    from bouquet.bench.loadgen import post_request, run_load, summarize
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    extra = {"model": model} if model else {}
+    reqs = [post_request(host, port, parts.path, orjson.dumps({"input": t, "encoding_format": "base64", **extra}))
+            for t in texts]
+    rows = []
+    for c in s.query_clients:
+        with MidSample(s.warmup_s + s.seconds / 2) as g:
+            res = run_load(host, port, reqs, c, s.seconds, s.warmup_s)
+        row: dict[str, Any] = {"bench": "5", "case": f"c{c}", "system": system, **summarize(res, s.seconds), "gpu": g.state}
+        if check is not None and res.samples:
+            row.update(check(res.samples))
         rows.append(row)
     return rows

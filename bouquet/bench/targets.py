@@ -231,7 +231,7 @@ class ServerProcess:
     Raises RuntimeError with the log's tail when it exits before becoming ready."""
 
     def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None,
-                 gateway_workers: int = 1, engine: str = "torch") -> None:
+                 gateway_workers: int = 1, engine: str = "torch", replicas_per_gpu: int = 1) -> None:
         from bouquet.config import ServeConfig
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
@@ -254,6 +254,7 @@ class ServerProcess:
                 port = s.getsockname()[1]
             cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--device", device,
                    "--port", str(port), "--log-level", "warning", "--gateway-workers", str(gateway_workers),
+                   "--engine", engine, "--replicas-per-gpu", str(replicas_per_gpu),
                    "--max-request-bytes", str(256 * 1024 * 1024)]  # benchmark 3 sends 100 × 4,096 ids as JSON
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             self.address = f"http://127.0.0.1:{port}"
