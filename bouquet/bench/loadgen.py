@@ -89,6 +89,50 @@ class _Connection(asyncio.Protocol):
         return await self.waiter
 
 
+class BlockingConnection:
+    """One keep-alive connection used synchronously (one request at a time, any thread that holds
+    it): the benchmark clients of benchmarks 1-4, parsed by httptools like the load generator's.
+    ``request(raw)`` → (status, body). Raises ConnectionError when the server closes the connection
+    and TimeoutError past ``timeout`` seconds."""
+
+    def __init__(self, host: str, port: int, timeout: float = 600.0) -> None:
+        import socket
+
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.timeout = timeout
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.done = False
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+    def request(self, raw: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        if timeout is not None and timeout != self.timeout:
+            self.timeout = timeout
+            self.sock.settimeout(timeout)
+        self.sock.sendall(raw)
+        self.done, self.body = False, []
+        while not self.done:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            self.parser.feed_data(data)
+        return self.parser.get_status_code(), b"".join(self.body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def get_request(host: str, port: int, path: str) -> bytes:
+    """A complete keep-alive ``GET``."""
+    return f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+
+
 def post_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
     """A complete keep-alive ``POST`` with a JSON ``body``, ready to write to a socket."""
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
