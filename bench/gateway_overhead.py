@@ -15,8 +15,8 @@ replica and the client share the remaining cores, the measured requests/s can be
 rather than by the gateway, so both are reported.
 
 Pinning (Linux, ≥ 2 usable cores): the gateway process (every thread) gets the first core alone;
-the replica and the client processes share the others. The client is bench/httpload.py (raw keep-alive HTTP/1.1
-on uvloop, ~20 µs CPU per request).
+the replica and the client processes share the others. The client is bouquet/bench/loadgen.py
+(keep-alive HTTP/1.1 on uvloop, httptools' parser, ~20-50 µs CPU per request).
 
     python bench/gateway_overhead.py                       # writes bench/results/gateway-overhead-cpu.{json,md}
     python bench/gateway_overhead.py --seconds 3 --out /tmp/x   # quick look
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from bouquet.bench.meta import source_commit  # noqa: E402
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from bench.httpload import LoadResult, post_bytes, run_load  # noqa: E402
+from bouquet.bench.loadgen import LoadResult, post_request, run_window  # noqa: E402
 
 TEXT = "A man is playing a guitar on the stage while the crowd sings along."  # 16 tokens with [CLS]/[SEP]
 PACKAGES = ("fastapi", "starlette", "uvicorn", "httptools", "uvloop", "orjson", "grpcio", "protobuf", "tokenizers")
@@ -75,7 +75,7 @@ def _warm() -> None:
     import grpc  # noqa: F401
 
     import bouquet.proto.rpc  # noqa: F401
-    import bench.httpload  # noqa: F401
+    import bouquet.bench.loadgen  # noqa: F401
 
 
 def grpc_sequential(address: str, ids: list[int], t0: float, t1: float) -> LoadResult:
@@ -258,9 +258,9 @@ def main() -> None:
             cases.append(grpc_row)
             print(json.dumps(grpc_row), flush=True)
             for fmt in ("float", "base64"):
-                raw = post_bytes(host, port, "/v1/embeddings", json.dumps({"input": TEXT, "encoding_format": fmt}).encode())
+                raw = post_request(host, port, "/v1/embeddings", json.dumps({"input": TEXT, "encoding_format": fmt}).encode())
                 for conns in (1, a.conns):
-                    res, secs, cpu = run_phase(pool, client_cpus, watch, a.warmup, a.seconds, run_load, host, port, raw, conns)
+                    res, secs, cpu = run_phase(pool, client_cpus, watch, a.warmup, a.seconds, run_window, host, port, raw, conns)
                     check_reply(res.first_body, fmt, spec.dimension)
                     row = summarize(f"http-{conns} {fmt}", res, secs, cpu, conns)
                     cases.append(row)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from bouquet.bench.meta import source_commit  # noqa: E402
 sys.path.insert(0, str(REPO))
 
-from bench.httpload import LoadResult, post_bytes, run_load  # noqa: E402
+from bouquet.bench.loadgen import LoadResult, post_request, run_window  # noqa: E402
 from bench.replicas_gpu import launch  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def through_gateway(port: int, bodies: list[bytes], warmup: float, seconds: floa
     """One process and one keep-alive connection per body; replies finished in the window."""
     t0 = time.monotonic() + 2.0 + warmup  # 2 s for the client processes to start
     with ProcessPoolExecutor(len(bodies), mp_context=get_context("spawn")) as pool:
-        futs = [pool.submit(run_load, "127.0.0.1", port, post_bytes("127.0.0.1", port, "/v1/embeddings", b), 1, t0,
+        futs = [pool.submit(run_window, "127.0.0.1", port, post_request("127.0.0.1", port, "/v1/embeddings", b), 1, t0,
                             t0 + seconds) for b in bodies]
         return [f.result(timeout=warmup + seconds + 120) for f in futs]
 

@@ -1,9 +1,12 @@
-"""Tokenizer cost per text on this host: ``tokenizers`` encode paths for one text and for a batch.
+"""Tokenizer cost per text on this host: ``tokenizers`` encode paths for one text and for a batch,
+wall and CPU time, with the library's own threads (TOKENIZERS_PARALLELISM unset) or without
+(``=false``, as in multi-worker gateways).
 
-    python bench/probe_tokenizer.py      # prints µs per text for each path
+    python bench/probe_tokenizer.py; TOKENIZERS_PARALLELISM=false python bench/probe_tokenizer.py
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,15 +26,17 @@ def main() -> None:
 
     def bench(name: str, fn: object, n: int, per: int) -> None:
         fn()  # type: ignore[operator]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n):
             fn()  # type: ignore[operator]
-        print(f"{name}: {(time.perf_counter() - t0) / n / per * 1e6:.1f} µs/text", flush=True)
+        wall, cpu = (time.perf_counter() - t0) / n / per * 1e6, (time.process_time() - c0) / n / per * 1e6
+        print(f"{name}: {wall:.1f} µs/text wall, {cpu:.1f} µs/text CPU", flush=True)
 
     bench("TextTokenizer.encode, 1 STSb text", lambda: tt.encode(s1[:1]), 20000, 1)
     bench("TextTokenizer.encode, 68-char text", lambda: tt.encode([long_text]), 20000, 1)
     for k in (1, 4, 16, 64):
         bench(f"encode_batch_fast x{k} STSb", lambda k=k: t.encode_batch_fast(s1[:k]), 2000, k)
+    print("TOKENIZERS_PARALLELISM =", os.environ.get("TOKENIZERS_PARALLELISM"))
 
 
 if __name__ == "__main__":

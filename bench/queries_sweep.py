@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import csv
 import json
 import os
 import platform
@@ -41,19 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bouquet.bench.loadgen import post_request, run_load, summarize  # noqa: E402
+from bouquet.bench import sts  # noqa: E402
 from bouquet.bench.meta import source_commit  # noqa: E402
 
 STS = REPO / "tests" / "data" / "stsbenchmark"
 
 
 def read_sts(split: str) -> tuple[list[str], list[str], np.ndarray]:
-    s1, s2, gold = [], [], []
-    with open(STS / f"sts-{split}.csv", encoding="utf-8") as f:
-        for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-            gold.append(float(row[4]))
-            s1.append(row[5])
-            s2.append(row[6])
-    return s1, s2, np.asarray(gold)
+    return sts.read_sts(STS, split)
 
 
 def free_port() -> int:

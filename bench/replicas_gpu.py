@@ -19,7 +19,6 @@ import argparse
 import http.client
 import json
 import multiprocessing as mp
-import os
 import shutil
 import signal
 import socket

@@ -2,8 +2,8 @@
 
 Starts the real server with the no-op engine (everything but the model: HTTP, JSON, validation,
 tokenization, the gateway → replica hop, scheduling, the reply), drives it with N keep-alive
-connections sending one short text per request (bench/httpload.py, ~20 µs of client CPU a
-request), samples the gateway worker and the replica with py-spy for the timed window, and reads
+connections sending one short text per request (bouquet/bench/loadgen.py, ~20-50 µs of client
+CPU a request), samples the gateway worker and the replica with py-spy for the timed window, and reads
 their CPU time from /proc over the same window. Each sample is put in the category of the
 innermost frame that matches a rule below; a category's µs per request = its share of the
 process's samples × the process's CPU µs per request (an estimate: py-spy samples threads that
@@ -31,13 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from bench.gateway_overhead import cpu_seconds, environment, pin  # noqa: E402
-from bench.httpload import post_bytes, run_load  # noqa: E402
+from bouquet.bench.loadgen import post_request, run_window  # noqa: E402
 
 TEXT = "A man is playing a guitar on the stage while the crowd sings along."
 # (category, substrings of a frame "function (file:line)"), tried from the innermost frame out;
 # the first rule that matches any frame of the sample, walking outwards, wins.
 RULES: list[tuple[str, tuple[str, ...]]] = [
-    ("tokenize", ("tokenization.py", "tokenizers")),
+    ("tokenize", ("tokenization.py", "tokenizers", "TextCoalescer")),
     ("metrics", ("prometheus_client", "metrics.py")),
     ("json", ("orjson", "parse_json", "json_response")),
     ("reply encode", ("encode_vectors", "base64", "starlette/responses.py")),
@@ -48,7 +48,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("engine step + finalize", ("noop.py", "pooling.py", "engine/")),
     ("replica service", ("service.py", "stats.py")),
     ("validate/route", ("inputs.py", "app.py", "routes_", "core.py", "pipeline.py", "front.py", "gateway/http.py")),
-    ("middlewares", ("drain.py", "proxy_headers", "starlette/", "fastapi/")),
+    # (disconnect.py, auth.py, fastpath.py: the middlewares before front.py, for profiles of older trees)
+    ("middlewares", ("drain.py", "proxy_headers", "starlette/", "fastapi/", "disconnect.py", "auth.py", "fastpath.py")),
     ("http server (uvicorn)", ("uvicorn/", "httptools")),
     ("event loop + sockets (uvloop, C)", ("runners.py", "uvloop", "asyncio/")),
 ]
@@ -120,17 +121,17 @@ def main() -> None:
             pin(procs["replica"][0], {cpus[1]})
             os.sched_setaffinity(0, {cpus[1]})
             pinning = f"gateway CPU {cpus[0]}, replica and client CPU {cpus[1]}"
-        raw = post_bytes("127.0.0.1", srv.port, "/v1/embeddings",
+        raw = post_request("127.0.0.1", srv.port, "/v1/embeddings",
                          json.dumps({"input": TEXT, "encoding_format": "base64"}).encode())
         t = time.monotonic()
-        run_load("127.0.0.1", srv.port, raw, a.conns, t, t + 1.5)  # warm-up: imports, first batches
+        run_window("127.0.0.1", srv.port, raw, a.conns, t, t + 1.5)  # warm-up: imports, first batches
         spies = {(name, i): subprocess.Popen(
             ["py-spy", "record", "--nonblocking", "-r", str(a.rate), "-d", str(int(a.seconds)), "-f", "raw",
              "-o", f"{out}-{name}{i}.txt", "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             for name, pids in procs.items() for i, pid in enumerate(pids)}
         t = time.monotonic() + 0.5
         c0 = {k: sum(cpu_seconds(p) for p in ps) for k, ps in procs.items()}
-        res = run_load("127.0.0.1", srv.port, raw, a.conns, t, t + a.seconds)
+        res = run_window("127.0.0.1", srv.port, raw, a.conns, t, t + a.seconds)
         c1 = {k: sum(cpu_seconds(p) for p in ps) for k, ps in procs.items()}
         for (name, i), sp in spies.items():
             _, err = sp.communicate(timeout=60)

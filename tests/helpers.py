@@ -1,7 +1,6 @@
 """Shared test utilities: real server processes on free ports, the STS Benchmark, references."""
 from __future__ import annotations
 
-import csv
 import os
 import signal
 import socket
@@ -13,6 +12,8 @@ from typing import Callable
 
 import httpx
 import numpy as np
+
+from bouquet.bench.sts import read_sts as _read_sts
 
 REPO = Path(__file__).resolve().parents[1]
 # The STS Benchmark travels with the repository (tests/data/stsbenchmark, its LICENSE.txt beside it).
@@ -26,15 +27,8 @@ def free_port() -> int:
 
 
 def read_sts(split: str) -> tuple[list[str], list[str], np.ndarray]:
-    """STS Benchmark split → (sentences 1, sentences 2, gold scores). Tab-separated, no quoting;
-    score, s1, s2 are columns 5-7 (1-based); some rows carry extra columns after them."""
-    s1, s2, gold = [], [], []
-    with open(STS_DIR / f"sts-{split}.csv", encoding="utf-8") as f:
-        for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-            gold.append(float(row[4]))
-            s1.append(row[5])
-            s2.append(row[6])
-    return s1, s2, np.asarray(gold)
+    """STS Benchmark split → (sentences 1, sentences 2, gold scores), from the repository's copy."""
+    return _read_sts(STS_DIR, split)
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -7,7 +7,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -66,6 +66,10 @@ def test_api_key(custom_server):
     for path in ("/metrics", "/info", "/v1/models", "/openapi.json"):
         assert httpx.get(custom_server.url + path).status_code == 401
         assert httpx.get(custom_server.url + path, headers=AUTH).status_code == 200
+    # The scheme name is case-insensitive and surrounding whitespace does not matter (RFC 9110 §11.1).
+    for value in (f"bearer {KEY}", f"BEARER {KEY}", f"Bearer   {KEY}", f"Bearer\t{KEY}"):
+        assert post(custom_server, "/v1/embeddings", {"input": "x"}, {"Authorization": value}).status_code == 200, value
+    assert post(custom_server, "/v1/embeddings", {"input": "x"}, {"Authorization": f"Basic {KEY}"}).status_code == 401
     openai = pytest.importorskip("openai")
     ok = openai.OpenAI(base_url=custom_server.url + "/v1", api_key=KEY).embeddings.create(model="custom", input="hi")
     assert len(ok.data[0].embedding) == 384
@@ -163,3 +167,16 @@ def test_openapi_and_json_404_405(minilm_server):
         "id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
     assert [t["id"] for t in httpx.post(minilm_server.url + "/tokenize",
                                         json={"inputs": "hello", "add_special_tokens": False}).json()[0]] == [7592]
+
+
+def test_head_health_and_retrieve_model(minilm_server):
+    """HEAD /health answers like GET without a body (load balancers, uptime checks); GET
+    /v1/models/{id} is the OpenAI "Retrieve model", under every name the model is served as."""
+    r = httpx.head(minilm_server.url + "/health")
+    assert r.status_code == 200 and r.content == b"" and int(r.headers["content-length"]) > 0
+    listed = httpx.get(minilm_server.url + "/v1/models").json()["data"][0]
+    got = httpx.get(minilm_server.url + "/v1/models/" + listed["id"])  # the id contains a '/'
+    assert got.status_code == 200 and got.json() == listed
+    r = httpx.get(minilm_server.url + "/v1/models/gpt-4")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert "/v1/models/{model}" in httpx.get(minilm_server.url + "/openapi.json").json()["paths"]

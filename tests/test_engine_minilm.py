@@ -2,7 +2,6 @@
 engine matches sentence-transformers on the same texts: cosine ≥ 0.9999 per sentence (float32)."""
 from __future__ import annotations
 
-import numpy as np
 
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine

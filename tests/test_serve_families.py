@@ -4,7 +4,6 @@ in-process engine's on the gateway's own token ids. The engine is checked agains
 test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

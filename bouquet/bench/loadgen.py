@@ -39,6 +39,11 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
 
+    @property
+    def first_body(self) -> bytes:
+        """One 200 reply's body (b"" when none came back)."""
+        return next(iter(self.samples.values()), b"")
+
     def merge(self, other: "LoadResult") -> None:
         self.latencies += other.latencies
         for k, v in other.statuses.items():
@@ -197,6 +202,12 @@ def run_clients(host: str, port: int, requests: list[bytes], first: int, stride:
         return uvloop.run(_clients(host, port, requests, first, stride, conns, t_warm, t0, t1))
     except ImportError:
         return asyncio.run(_clients(host, port, requests, first, stride, conns, t_warm, t0, t1))
+
+
+def run_window(host: str, port: int, raw: bytes, conns: int, t0: float, t1: float) -> LoadResult:
+    """``conns`` connections in this process send ``raw`` back to back from now until ``t1``;
+    replies finished in [``t0``, ``t1``) are counted (the caller's own warm-up before ``t0``)."""
+    return run_clients(host, port, [raw], 0, conns, conns, time.monotonic(), t0, t1)
 
 
 def _ready(_: int) -> None:

@@ -36,6 +36,7 @@ ROUTES = Routes(
           "/rerank": routes_tei.rerank_route, "/tokenize": routes_tei.tokenize_route},
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
+    get_items={"/v1/models/": routes_openai.model_route},
 )
 
 
@@ -96,6 +97,7 @@ def describe_routes(app: FastAPI) -> None:
         ("/health", "GET", None, obj, False, "200 once a replica has loaded and warmed up; 503 before"),
         ("/metrics", "GET", None, {"type": "string"}, False, "Prometheus metrics (gateway, and per replica)"),
         ("/v1/models", "GET", None, obj, False, "The served model (OpenAI shape)"),
+        ("/v1/models/{model}", "GET", None, obj, False, "The served model under one of its names (OpenAI shape)"),
         ("/v1/embeddings", "POST", d.EMBEDDINGS_REQUEST, d.EMBEDDINGS_RESPONSE, False, "OpenAI embeddings (+ extensions)"),
         ("/v1/rerank", "POST", d.RERANK_REQUEST, d.RERANK_RESPONSE, False, "Cohere/Jina-style rerank"),
         ("/v1/score", "POST", d.SCORE_REQUEST, d.SCORE_RESPONSE, False, "vLLM-style pair scores"),

@@ -1,9 +1,8 @@
-"""Small requests that reach the gateway together share work: one tokenizer call for their texts
-(``TextCoalescer``), one ``Embed`` call to a replica (``Coalescer``).
+"""Small requests that reach the gateway together go to a replica as one ``Embed`` call.
 
-Tokenizing a batch of short texts costs a third per text of tokenizing them one call each
-(bench/probe_tokenizer.py on the H200 host: 16 µs for one STSb sentence, 5-7 µs each in batches
-of 16-64), and under load tokenization was the largest item of the gateway's per-request CPU.
+(Tokenizing their texts in one call too was tried and measured: per text it costs the same CPU
+as one call each, bench/probe_tokenizer.py; only the wall time drops, when the tokenizer's own
+threads run, and they are off in multi-worker gateways.)
 
 A gRPC call from Python costs about as much CPU as the rest of a small request's path (HTTP
 parsing, validation, tokenization, the reply) on both sides of the hop. Under concurrent load many
@@ -23,14 +22,12 @@ per request by the caller before it gets here).
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import numpy as np
 
 from bouquet.gateway.errors import APIError
-from bouquet.tokenization import Encoded
 
 # (sequences, normalize, dimensions, priority) → float32 [B, D]
 RunFn = Callable[[list[np.ndarray], "bool | None", "int | None", int], Awaitable[np.ndarray]]
@@ -123,76 +120,3 @@ class Coalescer:
             if not f.done():  # its client may have gone meanwhile
                 f.set_result(rows)
 
-
-EncodeFn = Callable[[list[str], bool, str], Encoded]  # (texts, truncate, side) → Encoded
-
-
-@dataclass
-class _TextGroup:
-    texts: list[str] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)  # texts per request, in order
-    futures: list["asyncio.Future[Encoded]"] = field(default_factory=list)
-    chars: int = 0
-
-
-class TextCoalescer:
-    """Tokenizes the texts of the requests of one event-loop iteration in one ``encode`` call, up to
-    ``max_texts`` texts / ``max_chars`` characters per call; flushed at the end of the iteration
-    (``loop.call_soon``), so a lone request waits for nothing. ``on_call(seconds)`` is told each
-    call's duration (the tokenization histogram). A call that raises (an over-long text with
-    truncation off) is repeated request by request, so that only the request at fault fails."""
-
-    def __init__(self, encode: EncodeFn, on_call: Callable[[float], None] = lambda s: None,
-                 max_texts: int = 256, max_chars: int = 16384) -> None:
-        self.encode, self.on_call = encode, on_call
-        self.max_texts, self.max_chars = max_texts, max_chars
-        self._open: dict[tuple[bool, str], _TextGroup] = {}
-        self.calls = 0  # tokenizer calls made (tests)
-
-    async def submit(self, texts: list[str], truncate: bool, side: str) -> Encoded:
-        """``Encoded`` of ``texts``, as ``encode(texts, truncate, side)`` would return it. Raises as
-        ``encode`` does (TooLong with the index inside ``texts``)."""
-        key = (truncate, side)
-        chars = sum(map(len, texts))
-        group = self._open.get(key)
-        if group is None or len(group.texts) + len(texts) > self.max_texts or group.chars + chars > self.max_chars:
-            group = self._open[key] = _TextGroup()
-            asyncio.get_running_loop().call_soon(self._flush, key, group)
-        fut: asyncio.Future[Encoded] = asyncio.get_running_loop().create_future()
-        group.texts.extend(texts)
-        group.counts.append(len(texts))
-        group.futures.append(fut)
-        group.chars += chars
-        return await fut
-
-    def _flush(self, key: tuple[bool, str], group: _TextGroup) -> None:
-        if self._open.get(key) is group:
-            del self._open[key]
-        truncate, side = key
-        t0 = time.perf_counter()
-        self.calls += 1
-        try:
-            enc = self.encode(group.texts, truncate, side)
-        except Exception:  # noqa: BLE001 - each request gets its own answer below
-            self._one_by_one(key, group)
-            return
-        finally:
-            self.on_call(time.perf_counter() - t0)
-        start = 0
-        for n, f in zip(group.counts, group.futures):
-            ids = enc.ids[start:start + n]
-            start += n
-            if not f.done():
-                f.set_result(Encoded(ids, None, sum(len(x) for x in ids)))
-
-    def _one_by_one(self, key: tuple[bool, str], group: _TextGroup) -> None:
-        truncate, side = key
-        start = 0
-        for n, f in zip(group.counts, group.futures):
-            texts, start = group.texts[start:start + n], start + n
-            if f.done():
-                continue
-            try:
-                f.set_result(self.encode(texts, truncate, side))
-            except Exception as e:  # noqa: BLE001 - the route turns it into its 400
-                f.set_exception(e)

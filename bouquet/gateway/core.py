@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.gateway.coalesce import TextCoalescer
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs, opt_str
 from bouquet.gateway.metrics import GatewayMetrics
@@ -43,10 +42,6 @@ class Gateway:
     created: int = field(default_factory=lambda: int(time.time()))
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="bouquet-tok"))
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
-    texts: TextCoalescer = field(init=False)  # small requests' texts, tokenized together
-
-    def __post_init__(self) -> None:
-        self.texts = TextCoalescer(self.tokenizer.encode, self.metrics.tokenize_seconds.observe)
 
     def check_model(self, model: Any) -> None:
         """Raises APIError 400 for a non-string ``model`` and 404 for one this server does not serve."""
@@ -87,8 +82,6 @@ class Gateway:
             texts = inputs.texts or []
             if prompt:
                 texts = [prompt + t for t in texts]
-            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-                return await self.texts.submit(texts, truncate, side)
             return await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
         except TooLong as e:
             raise bad_request(str(e), "input", "context_length_exceeded") from None

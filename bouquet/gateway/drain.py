@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from types import FrameType
-from typing import Any
 
 import uvicorn
 

@@ -42,15 +42,18 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PostRoute = Callable[[Gateway, dict[str, Any]], Awaitable[Response]]
 GetRoute = Callable[[Gateway], Awaitable[Response]]
+ItemRoute = Callable[[Gateway, str], Awaitable[Response]]  # GET PREFIX{item}: the rest of the path
 OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers, probes)
 
 
 @dataclass(frozen=True)
 class Routes:
-    """What the front serves itself: POST routes take the parsed JSON body, GET (and HEAD) routes nothing."""
+    """What the front serves itself: POST routes take the parsed JSON body, GET (and HEAD) routes
+    nothing, GET item routes (``/v1/models/{id}``) the rest of the path after their prefix."""
 
     post: dict[str, PostRoute]
     get: dict[str, GetRoute]
+    get_items: dict[str, ItemRoute]
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -59,8 +62,8 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     with another scheme."""
     for name, value in headers:
         if name == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" else None
+            parts = value.split(None, 1)  # any run of spaces or tabs between scheme and token
+            return parts[1].strip() if len(parts) == 2 and parts[0].lower() == b"bearer" else None
     return None
 
 
@@ -97,7 +100,7 @@ class Front:
         self.api, self.gw, self.routes, self.drain = api, gw, routes, drain
         self.key = api_key.encode() if api_key else None
         self.watch_after_s = watch_after_s
-        self.known = frozenset({*routes.post, *routes.get})
+        self.known = frozenset({*routes.post, *routes.get, *(p + "{id}" for p in routes.get_items)})
         metrics = gw.metrics
         # Labelled children looked up once: ``labels()`` takes a lock and builds a key per call.
         self._latency = {r: metrics.latency.labels(r) for r in (*self.known, "other")}
@@ -128,18 +131,28 @@ class Front:
                     return
             if method == "POST" and path in self.routes.post:
                 await self._post(self.routes.post[path], scope, receive, send, t0)
-            elif (method == "GET" or method == "HEAD") and path in self.routes.get:
+            elif (method == "GET" or method == "HEAD") and (path in self.routes.get or self._item(path)):
                 try:
-                    response = await self.routes.get[path](self.gw)
+                    if path in self.routes.get:
+                        response = await self.routes.get[path](self.gw)
+                    else:
+                        prefix = self._item(path)
+                        response = await self.routes.get_items[prefix](self.gw, path[len(prefix):])
+                except APIError as e:
+                    response = e.response_for(path)
                 except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
                     log.exception("unhandled error on %s", path)
                     response = internal_error(e).response_for(path)
-                await self._send(send, response, path, method, t0)
+                await self._send(send, response, path, method, t0)  # uvicorn sends no body for HEAD
             else:
                 await self._other(scope, receive, send, t0)
         finally:
             if drain is not None:
                 drain.inflight -= 1
+
+    def _item(self, path: str) -> str:
+        """The item-route prefix ``path`` starts with (and goes past), or ""."""
+        return next((p for p in self.routes.get_items if path.startswith(p) and len(path) > len(p)), "")
 
     async def _post(self, route: PostRoute, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         path = scope["path"]
@@ -194,7 +207,8 @@ class Front:
 
     def _observe(self, route: str, method: str, status: int, t0: float) -> None:
         if route not in self.known:
-            route = "other"
+            prefix = self._item(route)
+            route = prefix + "{id}" if prefix else "other"
         self._latency[route].observe(time.perf_counter() - t0)
         key = (route, method, status)
         count = self._count.get(key)

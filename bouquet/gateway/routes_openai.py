@@ -58,10 +58,21 @@ async def health_route(gw: Gateway) -> Response:
                          200 if ready else 503)
 
 
+def _model(gw: Gateway) -> dict[str, Any]:
+    return {"id": gw.public_id, "object": "model", "created": gw.created, "owned_by": "bouquet",
+            "aliases": sorted(gw.names - {gw.public_id})}
+
+
 async def models_route(gw: Gateway) -> Response:
-    return json_response({"object": "list", "data": [
-        {"id": gw.public_id, "object": "model", "created": gw.created, "owned_by": "bouquet",
-         "aliases": sorted(gw.names - {gw.public_id})}]})
+    """OpenAI "List models": the served model."""
+    return json_response({"object": "list", "data": [_model(gw)]})
+
+
+async def model_route(gw: Gateway, model: str) -> Response:
+    """OpenAI "Retrieve model" (``GET /v1/models/{model}``): the served model under any of its
+    names (ids may contain '/'). Raises APIError 404 for another name."""
+    gw.check_model(model)
+    return json_response(_model(gw))
 
 
 async def metrics_route(gw: Gateway) -> Response:
