@@ -41,6 +41,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bouquet.bench.meta import source_commit  # noqa: E402
+from bouquet.bench.procs import cpu_seconds  # noqa: E402
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from bouquet.bench.loadgen import LoadResult, post_request, run_window  # noqa: E402
@@ -56,12 +57,6 @@ def pin(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all threads, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pinned(cpus: set[int] | None, fn: Any, *args: Any) -> Any:

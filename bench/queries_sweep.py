@@ -15,7 +15,9 @@ batched vectors (sentence-transformers, fp32 CPU: 0.82032).
     python bench/queries_sweep.py --model DIR --device cuda --layout 12:2:auto --clients 1,64,256
 
 A layout is ``WORKERS:REPLICAS:TRANSPORT`` (replicas = --replicas-per-gpu on a GPU, --replicas
-on the CPU; transport auto = ZeroMQ IPC, grpc). Writes OUT.json and OUT.md.
+on the CPU; transport auto = the Unix socket, grpc). Writes OUT.json and OUT.md. To measure an
+older commit beside this one, run the script from a worktree of it (``cd OLD && python
+/path/to/bench/queries_sweep.py ...``): the server is started from the current folder.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ sys.path.insert(0, str(REPO))
 from bouquet.bench.loadgen import post_request, run_load, summarize  # noqa: E402
 from bouquet.bench import sts  # noqa: E402
 from bouquet.bench.meta import source_commit  # noqa: E402
+from bouquet.bench.procs import cpu_seconds as cpu_s  # noqa: E402
+from bouquet.bench.procs import tree_pids  # noqa: E402
 
 STS = REPO / "tests" / "data" / "stsbenchmark"
 
@@ -54,35 +58,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for p in pids:
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError):
-            pass
-    return total
 
 
 def post(port: int, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
@@ -112,8 +87,11 @@ def run_layout(a: argparse.Namespace, layout: str, texts: list[str], sts: tuple[
     workers, replicas, transport = layout.split(":")
     port = free_port()
     cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(port), "--device", a.device, "--engine", a.engine,
-           "--gateway-workers", workers, "--transport", transport, "--log-level", "warning"]
-    cmd += ["--replicas-per-gpu", replicas] if a.device == "cuda" else ["--replicas", replicas]
+           "--gateway-workers", workers, "--log-level", "warning"]
+    # Flags at their defaults are left out, so that an older tree (no --transport) can be served
+    # the same way: run this script from that tree's folder (`python -m bouquet` imports from the cwd).
+    cmd += ["--transport", transport] if transport != "auto" else []
+    cmd += (["--replicas-per-gpu", replicas] if replicas != "1" else []) if a.device == "cuda" else ["--replicas", replicas]
     if a.model:
         cmd += ["--model", a.model]
     cmd += a.serve_arg

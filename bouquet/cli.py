@@ -69,7 +69,7 @@ def serve(
     gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU (see --replicas-per-gpu)."),
     replicas_per_gpu: int = typer.Option(1, help="Replica processes sharing each GPU (or multiplying --replicas): "
                                          "more processes to spread the per-request host work of small requests."),
-    transport: str = typer.Option("auto", help="auto: ZeroMQ IPC to the replicas started here, gRPC to --server "
+    transport: str = typer.Option("auto", help="auto: a Unix socket to the replicas started here, gRPC to --server "
                                   "ones | grpc: gRPC to every replica."),
     server: list[str] = typer.Option([], help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
     chunk_tokens: int = typer.Option(8192, help="Split large requests into chunks of about this many tokens."),

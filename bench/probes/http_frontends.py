@@ -46,16 +46,9 @@ async def rsgi(scope, proto):  # type: ignore[no-untyped-def]
     proto.response_bytes(200, [("content-type", "application/json")], REPLY)
 
 
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for p in pids:
-        f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def main() -> None:
     from bouquet.bench.loadgen import post_request, run_clients
+    from bouquet.bench.procs import cpu_seconds as cpu_s
 
     cases = {
         "uvicorn + httptools, raw ASGI": ["-m", "uvicorn", "http_frontends:asgi", "--loop", "uvloop", "--http", "httptools",

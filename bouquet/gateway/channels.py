@@ -1,4 +1,4 @@
-"""How a gateway worker sends one ``Embed`` call to one replica: ZeroMQ IPC or gRPC.
+"""How a gateway worker sends one ``Embed`` call to one replica: a Unix socket or gRPC.
 
 Both channels take the same packed call (``Packed``) and return float32 rows [B, D], or raise one
 of the errors below, so the replica pool's balancing and retries (replicas.py) do not depend on
@@ -120,7 +120,6 @@ class IpcChannel(asyncio.Protocol):
         self._reader = ipc.FrameReader(self._on_frame)
         self._pending: dict[int, tuple[asyncio.Future[np.ndarray], int]] = {}  # id → (future, sequences)
         self._ids = itertools.count(1)
-        self._connecting: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:

@@ -10,7 +10,7 @@ sequences are dropped on the servers. Small requests without token types share c
 others of the same event-loop iteration (coalesce.py). Calls travel over a Unix socket to replicas
 on this host that ``serve`` started, over gRPC otherwise (channels.py); health is always gRPC's
 ``Info``. What this module does not own: tokenization, HTTP parsing, response encoding, noticing
-that the HTTP client went away (gateway/disconnect.py).
+that the HTTP client went away (gateway/front.py).
 """
 from __future__ import annotations
 

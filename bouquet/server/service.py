@@ -71,17 +71,13 @@ def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: byt
         bad = int(ids[(ids < 0) | (ids >= spec.vocab_size)][0])
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"token id {bad} is outside the vocabulary [0, {spec.vocab_size})")
-    if len(lengths) == 1:
-        seqs = [ids]
-    else:
-        bounds = list(itertools.accumulate(lengths, initial=0))
-        seqs = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+    bounds = list(itertools.accumulate(lengths, initial=0))
+    seqs = [ids] if len(lengths) == 1 else [ids[a:b] for a, b in zip(bounds, bounds[1:])]
     tts: list[np.ndarray | None] | None = None
     if token_type_ids:
         tt = np.frombuffer(token_type_ids, dtype="<i4")
         if tt.size != ids.size:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_type_ids and input_ids differ in length")
-        bounds = list(itertools.accumulate(lengths, initial=0))
         tts = [tt[a:b] for a, b in zip(bounds, bounds[1:])]
     return seqs, tts
 
