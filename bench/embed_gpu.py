@@ -110,7 +110,8 @@ def main() -> None:
     from bench.tiny_bert import build_random_bert
     from bouquet.engine.engine import resolve_device, resolve_dtype
     from bouquet.tokenization import TextTokenizer
-    from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, default_budget, reserve_cores_for_engine,
+    from bouquet.config import batch_token_budget
+    from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, reserve_cores_for_engine,
                                         tokenizer_threads, usable_cores)
     from bouquet.jobs.reader import discover, iter_file
     from bouquet.modelspec import load_spec
@@ -132,7 +133,7 @@ def main() -> None:
     # A modelled device is pipelined as the job pipelines CUDA (one batch in flight ahead).
     noop_device = torch.device("cuda") if a.host_only and a.simulate_rows_per_s > 0 else device
     noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s)
-    budget = default_budget(a.max_batch_tokens, device.type, spec.max_seq_length)
+    budget = batch_token_budget(a.max_batch_tokens, device.type, spec.max_seq_length)
     res: dict[str, object] = {
         "commit": source_commit(REPO),
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,

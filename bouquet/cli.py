@@ -1,14 +1,17 @@
 """The `bouquet` command line (typer). Builds the one ServeConfig and hands it down."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 
-from bouquet.config import ConfigError, ServeConfig
+from bouquet.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS, ConfigError, ServeConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="bouquet: fast embedding and reranking server.")
 
@@ -22,25 +25,66 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"BOUQUET_{name}", default)
 
 
-# Options that `serve` (gateway + replicas) and `server` (one replica) share: the replica's engine
-# and scheduling settings.
-_MODEL = typer.Option(_env("MODEL"), help="Model directory or Hugging Face id (default: the embedded all-MiniLM-L6-v2).")
-_DTYPE = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")
-_MAX_BATCH_TOKENS = typer.Option(0, help="Token budget per engine step (0 = auto: 16384 GPU, 2048 CPU).")
-_MAX_BATCH_SEQS = typer.Option(512, help="Sequence slots per engine step.")
-_MAX_QUEUE_TOKENS = typer.Option(4_000_000, help="Pending tokens per replica before requests get 429.")
-_INTERACTIVE_MAX_TOKENS = typer.Option(
-    2048, help="Requests without 'priority' of at most this many tokens are interactive, larger ones batch.")
-_ENFORCE_EAGER = typer.Option(False, help="Disable CUDA graphs.")
-_GRAPH_MAX_TOKENS = typer.Option(8192, help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")
-_CAPTURE_BUCKET = typer.Option([], help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
-                               "instead of on its second use.")
-_BUCKET_STATS = typer.Option(None, help="Bucket-hit histogram (JSON): its hot buckets are captured at start-up and "
-                             "it is rewritten at shutdown.")
-_SPIN_WAIT = typer.Option(True, "--spin-wait/--no-spin-wait",
-                          help="Wait for GPU results by spinning (lower batch-1 latency, one busy core per replica).")
-_ENGINE = typer.Option("torch", help="torch (the model) | noop (benchmarking aid: loads the model's spec and tokenizer "
-                       "but runs no model; every input gets a zero vector of the model's dimension).")
+def _default(name: str) -> Any:
+    """ServeConfig's default for field ``name``: CLI defaults are the config's, never restated."""
+    return _FIELDS[name].default
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
+
+# The replica's engine and scheduling options, which `serve` (gateway + replicas) and `server` (one
+# replica) share: CLI name → (type, ServeConfig field, option). ``_with_replica_options`` adds them
+# to both commands, which receive them as one dict of config fields.
+_REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
+    "model": (Optional[str], "model", typer.Option(
+        _env("MODEL"), help="Model directory or Hugging Face id (default: the embedded all-MiniLM-L6-v2).")),
+    "dtype": (str, "dtype", typer.Option(
+        _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
+    "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
+        _default("max_batch_tokens"),
+        help=f"Token budget per engine step (0 = auto: {GPU_BATCH_TOKENS} GPU, {CPU_BATCH_TOKENS} CPU).")),
+    "max_batch_seqs": (int, "max_batch_seqs", typer.Option(_default("max_batch_seqs"), help="Sequence slots per engine step.")),
+    "max_queue_tokens": (int, "max_queue_tokens", typer.Option(
+        _default("max_queue_tokens"), help="Pending tokens per replica before requests get 429.")),
+    "interactive_max_tokens": (int, "interactive_max_tokens", typer.Option(
+        _default("interactive_max_tokens"),
+        help="Requests without 'priority' of at most this many tokens are interactive, larger ones batch.")),
+    "enforce_eager": (bool, "enforce_eager", typer.Option(_default("enforce_eager"), help="Disable CUDA graphs.")),
+    "graph_max_tokens": (int, "graph_max_tokens", typer.Option(
+        _default("graph_max_tokens"), help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")),
+    "capture_bucket": (list[str], "capture_buckets", typer.Option(
+        [], help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
+        "instead of on its second use.")),
+    "bucket_stats": (Optional[str], "bucket_stats_path", typer.Option(
+        _default("bucket_stats_path"), help="Bucket-hit histogram (JSON): its hot buckets are captured at start-up "
+        "and it is rewritten at shutdown.")),
+    "spin_wait": (bool, "spin_wait", typer.Option(
+        _default("spin_wait"), "--spin-wait/--no-spin-wait",
+        help="Wait for GPU results by spinning (lower batch-1 latency, one busy core per replica).")),
+    "engine": (str, "engine", typer.Option(
+        _default("engine"), help="torch (the model) | noop (benchmarking aid: loads the model's spec and tokenizer "
+        "but runs no model; every input gets a zero vector of the model's dimension).")),
+    "log_level": (str, "log_level", typer.Option(_default("log_level"))),
+}
+
+
+def _with_replica_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` (whose first parameter is ``replica: dict[str, Any]``) the options of
+    _REPLICA_OPTIONS as CLI parameters; it is called with their values as ServeConfig fields."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "replica"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind)
+              for name, (kind, _, opt) in _REPLICA_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def run(**values: Any) -> None:
+        replica = {fld: values.pop(name) for name, (_, fld, _) in _REPLICA_OPTIONS.items()}
+        replica["capture_buckets"] = tuple(replica["capture_buckets"])
+        command(**values, replica=replica)
+
+    params = own + shared
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # what typer reads
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return run
 
 
 def _config(**values: object) -> ServeConfig:
@@ -53,40 +97,32 @@ def _config(**values: object) -> ServeConfig:
 
 
 @app.command()
+@_with_replica_options
 def serve(
-    model: Optional[str] = _MODEL,
+    replica: dict[str, Any],
     served_model_name: list[str] = typer.Option([], help="Public model name(s); repeatable. The first is the id in replies."),
-    host: str = typer.Option(_env("HOST", "127.0.0.1"), help="Gateway bind address."),
-    port: int = typer.Option(int(_env("PORT", "8000") or 8000), help="Gateway HTTP port."),
-    grpc_port: int = typer.Option(0, help="First replica's gRPC port (0 = pick free ports)."),
-    device: str = typer.Option(_env("DEVICE", "auto"), help="auto | cpu | cuda"),
-    dtype: str = _DTYPE,
-    max_batch_tokens: int = _MAX_BATCH_TOKENS,
-    max_batch_seqs: int = _MAX_BATCH_SEQS,
-    max_queue_tokens: int = _MAX_QUEUE_TOKENS,
-    interactive_max_tokens: int = _INTERACTIVE_MAX_TOKENS,
-    replicas: int = typer.Option(1, help="Server processes to start (CPU)."),
+    host: str = typer.Option(_env("HOST", _default("host")), help="Gateway bind address."),
+    port: int = typer.Option(int(_env("PORT") or _default("port")), help="Gateway HTTP port."),
+    grpc_port: int = typer.Option(_default("grpc_port"), help="First replica's gRPC port (0 = pick free ports)."),
+    device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda"),
+    replicas: int = typer.Option(_default("replicas"), help="Server processes to start (CPU)."),
     gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU (see --replicas-per-gpu)."),
-    replicas_per_gpu: int = typer.Option(1, help="Replica processes sharing each GPU (or multiplying --replicas): "
-                                         "more processes to spread the per-request host work of small requests."),
-    transport: str = typer.Option("auto", help="auto: a Unix socket to the replicas started here, gRPC to --server "
-                                  "ones | grpc: gRPC to every replica."),
+    replicas_per_gpu: int = typer.Option(_default("replicas_per_gpu"), help="Replica processes sharing each GPU (or "
+                                         "multiplying --replicas): more processes to spread the per-request host work "
+                                         "of small requests."),
+    transport: str = typer.Option(_default("transport"), help="auto: a Unix socket to the replicas started here, gRPC "
+                                  "to --server ones | grpc: gRPC to every replica."),
     server: list[str] = typer.Option([], help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
-    chunk_tokens: int = typer.Option(8192, help="Split large requests into chunks of about this many tokens."),
-    gateway_workers: int = typer.Option(1, help="Gateway worker processes (tokenization is CPU-bound); all share the replicas."),
-    max_request_bytes: int = typer.Option(2 * 1024 * 1024, help="Largest accepted request body (bytes)."),
-    max_inputs: int = typer.Option(4096, help="Most inputs per request."),
-    timeout_keep_alive: float = typer.Option(75.0, help="Close idle HTTP keep-alive connections after this many "
-                                             "seconds (keep it above your clients' idle expiry)."),
+    chunk_tokens: int = typer.Option(_default("chunk_tokens"), help="Split large requests into chunks of about this many tokens."),
+    gateway_workers: int = typer.Option(_default("gateway_workers"), help="Gateway worker processes (tokenization is "
+                                        "CPU-bound); all share the replicas."),
+    max_request_bytes: int = typer.Option(_default("max_request_bytes"), help="Largest accepted request body (bytes)."),
+    max_inputs: int = typer.Option(_default("max_inputs"), help="Most inputs per request."),
+    timeout_keep_alive: float = typer.Option(_default("timeout_keep_alive"), help="Close idle HTTP keep-alive "
+                                             "connections after this many seconds (keep it above your clients' idle expiry)."),
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
-    no_truncate: bool = typer.Option(False, "--no-truncate", help="Refuse over-long inputs by default instead of truncating."),
-    enforce_eager: bool = _ENFORCE_EAGER,
-    graph_max_tokens: int = _GRAPH_MAX_TOKENS,
-    capture_bucket: list[str] = _CAPTURE_BUCKET,
-    bucket_stats: Optional[str] = _BUCKET_STATS,
-    spin_wait: bool = _SPIN_WAIT,
-    engine: str = _ENGINE,
-    log_level: str = typer.Option("info"),
+    no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
+                                     help="Refuse over-long inputs by default instead of truncating."),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
     try:
@@ -95,15 +131,13 @@ def serve(
         typer.echo(f"error: --gpus must be comma-separated GPU indices, got {gpus!r}", err=True)
         raise typer.Exit(2) from None
     cfg = _config(
-        model=model, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
-        device=device, dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
-        max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens, replicas=replicas,
-        gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport, servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
-        max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive, api_key=api_key, truncate=not no_truncate,
-        enforce_eager=enforce_eager, graph_max_tokens=graph_max_tokens, capture_buckets=tuple(capture_bucket),
-        bucket_stats_path=bucket_stats, spin_wait=spin_wait, engine=engine, log_level=log_level,
+        **replica, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
+        device=device, replicas=replicas, gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport,
+        servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
+        max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
+        api_key=api_key, truncate=not no_truncate,
     )
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve as run
 
     try:
@@ -186,8 +220,9 @@ def embed(
     dtype: str = typer.Option("auto", help="Compute dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16."),
     output_dtype: str = typer.Option("float32", help="Stored vector dtype: float32 | float16."),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    max_batch_tokens: int = typer.Option(0, help="Token budget per engine step (0 = auto: 16384 GPU, 2048 CPU)."),
-    max_batch_seqs: int = typer.Option(512, help="Sequence slots per engine step."),
+    max_batch_tokens: int = typer.Option(0, help=f"Token budget per engine step (0 = auto: {GPU_BATCH_TOKENS} GPU, "
+                                         f"{CPU_BATCH_TOKENS} CPU)."),
+    max_batch_seqs: int = typer.Option(MAX_BATCH_SEQS, help="Sequence slots per engine step."),
     shard_rows: int = typer.Option(10_000, help="Input rows per output shard (the unit of resumption)."),
     tokenizer_threads: int = typer.Option(0, help="Tokenizer threads running alongside the engine (0 = auto: 2)."),
     threads: int = typer.Option(0, help="CPU engine: torch threads (0 = auto: half the cores; with --ray: per actor)."),
@@ -232,34 +267,18 @@ def embed(
 
 
 @app.command("server")
+@_with_replica_options
 def server_cmd(
+    replica: dict[str, Any],
     host: str = typer.Option("0.0.0.0", help="gRPC bind address."),
     port: int = typer.Option(50051, help="gRPC port."),
-    model: Optional[str] = _MODEL,
     served_model_name: list[str] = typer.Option([], help="Public model name(s); must match the gateway's."),
-    device: str = typer.Option(_env("DEVICE", "auto"), help="auto | cpu | cuda | cuda:N"),
-    dtype: str = _DTYPE,
-    max_batch_tokens: int = _MAX_BATCH_TOKENS,
-    max_batch_seqs: int = _MAX_BATCH_SEQS,
-    max_queue_tokens: int = _MAX_QUEUE_TOKENS,
-    interactive_max_tokens: int = _INTERACTIVE_MAX_TOKENS,
-    enforce_eager: bool = _ENFORCE_EAGER,
-    graph_max_tokens: int = _GRAPH_MAX_TOKENS,
-    capture_bucket: list[str] = _CAPTURE_BUCKET,
-    bucket_stats: Optional[str] = _BUCKET_STATS,
-    spin_wait: bool = _SPIN_WAIT,
-    engine: str = _ENGINE,
-    log_level: str = typer.Option("info"),
+    device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda | cuda:N"),
 ) -> None:
     """Run ONE server replica (gRPC) on HOST:PORT for gateways elsewhere (`bouquet serve --server HOST:PORT`)."""
-    cfg = _config(
-        model=model, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
-        device=device.split(":")[0], dtype=dtype, max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
-        max_queue_tokens=max_queue_tokens, interactive_max_tokens=interactive_max_tokens,
-        enforce_eager=enforce_eager, graph_max_tokens=graph_max_tokens, capture_buckets=tuple(capture_bucket),
-        bucket_stats_path=bucket_stats, spin_wait=spin_wait, engine=engine, log_level=log_level,
-    )
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _config(**replica, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
+                  device=device.split(":")[0])
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve_replica
 
     raise typer.Exit(serve_replica(cfg, device))

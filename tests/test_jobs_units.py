@@ -86,7 +86,7 @@ def test_packer_respects_budgets_and_keeps_order() -> None:
         assert batch.num_seqs <= 8 and (batch.num_tokens <= 100 or batch.num_seqs == 1)
         rows = np.repeat(np.arange(batch.num_seqs, dtype=np.float32)[:, None], 2, 1)
         scatter(rows, segs)
-        seen.extend((s.group.owner, r) for s in segs for r in range(s.lo, s.hi))
+        seen.extend((s.run.owner, r) for s in segs for r in range(s.lo, s.hi))
     assert seen == [(g.owner, r) for g in [*groups, long] for r in range(g.rows)]
     assert all(g.filled == g.rows for g in groups) and packer.pending_tokens == 0
 

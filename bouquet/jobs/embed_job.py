@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from bouquet.config import MAX_BATCH_SEQS, batch_token_budget
 from bouquet.jobs.packer import Group, Packer, run_pipelined
 from bouquet.jobs.reader import RowChunk, discover, estimate_rows, fingerprint, read_chunks, resolve_id_column
 from bouquet.jobs.writer import Manifest, OutputFormat, ShardWriter
@@ -48,8 +49,8 @@ class EmbedJobConfig:
     dtype: str = "auto"  # compute dtype: auto (bf16 GPU, fp32 CPU) | float32 | float16 | bfloat16
     output_dtype: str = "float32"  # float32 | float16
     device: str = "auto"
-    max_batch_tokens: int = 0  # 0 = auto: 16,384 on GPU, 2,048 on CPU (as the server)
-    max_batch_seqs: int = 512
+    max_batch_tokens: int = 0  # 0 = auto, as the server (config.batch_token_budget)
+    max_batch_seqs: int = MAX_BATCH_SEQS
     shard_rows: int = 10_000  # input rows per output shard (the unit of resumption)
     chunk_rows: int = 1024  # rows per tokenizer call
     tokenizer_threads: int = 0  # Python threads calling the tokenizer (0 = auto, see tokenizer_threads())
@@ -95,12 +96,6 @@ class JobStats:
 class _Tokenized:
     chunk: RowChunk
     seqs: list[np.ndarray]
-
-
-def default_budget(max_batch_tokens: int, device_type: str, max_seq_length: int) -> int:
-    """The token budget per step: the server's defaults, never below one full-length sequence."""
-    budget = max_batch_tokens or (16384 if device_type == "cuda" else 2048)
-    return max(budget, max_seq_length)
 
 
 def pipeline_depth(device_type: str) -> int:
@@ -152,7 +147,7 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
     from bouquet.engine.engine import Engine, GraphOptions, resolve_device
 
     dev = resolve_device(device)
-    budget = default_budget(max_batch_tokens, dev.type, spec.max_seq_length)
+    budget = batch_token_budget(max_batch_tokens, dev.type, spec.max_seq_length)
     return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs))
 
 
@@ -267,7 +262,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
             torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
         engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs)
         engine.warmup()
-    budget = default_budget(cfg.max_batch_tokens, engine.device.type, spec.max_seq_length)
+    budget = batch_token_budget(cfg.max_batch_tokens, engine.device.type, spec.max_seq_length)
     tokenizer = TextTokenizer(spec)
 
     def tokenize(chunk: RowChunk) -> _Tokenized:

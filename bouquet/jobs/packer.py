@@ -1,9 +1,9 @@
 """Token-budget batching for offline jobs, and the pipelined engine loop that consumes it.
 
-Sequences are taken strictly in arrival order (the engine is packed, so length-sorting buys no
-padding; order keeps output shards trivially in order). A batch holds at most ``max_tokens`` tokens
-and ``max_seqs`` sequences and may span several groups; each group ("owner") receives its rows
-back in order through ``Segment``s.
+The packing rule is the server's (bouquet/packing.py): sequences strictly in arrival order (which
+keeps output shards trivially in order), at most ``max_tokens`` tokens and ``max_seqs`` sequences
+per batch, an over-budget sequence alone. A batch may span several groups; each group ("owner")
+receives its rows back in order through ``Segment``s.
 
 What this module does not own: reading, tokenization, output files.
 """
@@ -16,9 +16,10 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from bouquet.engine.batch import Batch
+from bouquet.packing import PackQueue, Slice
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
     """Tokenized sequences of one owner (e.g. a chunk of input rows) and where its results go.
 
@@ -49,11 +50,7 @@ class Group:
         return int(self.cum[-1])
 
 
-@dataclass(frozen=True)
-class Segment:
-    group: Group
-    lo: int
-    hi: int  # rows [lo, hi) of the group
+Segment = Slice[Group]  # rows [lo, hi) of ``run``, a Group
 
 
 class Packer:
@@ -64,49 +61,25 @@ class Packer:
     """
 
     def __init__(self, max_tokens: int, max_seqs: int) -> None:
-        if max_tokens < 1 or max_seqs < 1:
-            raise ValueError(f"max_tokens and max_seqs must be ≥ 1, got {max_tokens} and {max_seqs}")
+        self._queue: PackQueue[Group] = PackQueue(max_tokens, max_seqs)
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
-        self._queue: deque[Group] = deque()  # groups with rows not yet batched
-        self.pending_tokens = 0
+
+    @property
+    def pending_tokens(self) -> int:
+        return self._queue.pending_tokens
 
     def add(self, group: Group) -> None:
-        if group.rows:
-            self._queue.append(group)
-            self.pending_tokens += group.tokens
+        self._queue.add(group)
 
     def __bool__(self) -> bool:
         return bool(self._queue)
 
     def take(self) -> tuple[Batch, list[Segment]]:
         """The next batch and which rows of which groups it holds. Raises IndexError when empty."""
-        if not self._queue:
+        segs = self._queue.take()
+        if not segs:
             raise IndexError("no pending sequences")
-        tokens = seqs = 0
-        segs: list[Segment] = []
-        parts: list[np.ndarray] = []
-        while self._queue:
-            g = self._queue[0]
-            base = g.cum[g.next]
-            room_tokens = self.max_tokens - tokens
-            hi = int(np.searchsorted(g.cum, base + room_tokens, side="right")) - 1
-            hi = min(hi, g.next + self.max_seqs - seqs, g.rows)
-            if hi <= g.next:
-                if segs:
-                    break
-                hi = g.next + 1  # an over-budget sequence alone
-            segs.append(Segment(g, g.next, hi))
-            parts.extend(g.seqs[g.next:hi])
-            used = int(g.cum[hi] - base)
-            tokens += used
-            seqs += hi - g.next
-            self.pending_tokens -= used
-            g.next = hi
-            if g.next == g.rows:
-                self._queue.popleft()
-            if tokens >= self.max_tokens or seqs >= self.max_seqs:
-                break
-        return Batch.pack(parts), segs
+        return Batch.pack([seq for s in segs for seq in s.run.seqs[s.lo:s.hi]]), segs
 
 
 def scatter(rows: np.ndarray, segs: list[Segment]) -> None:
@@ -114,8 +87,8 @@ def scatter(rows: np.ndarray, segs: list[Segment]) -> None:
     off = 0
     for s in segs:
         n = s.hi - s.lo
-        s.group.vectors[s.lo:s.hi] = rows[off:off + n]
-        s.group.filled += n
+        s.run.vectors[s.lo:s.hi] = rows[off:off + n]
+        s.run.filled += n
         off += n
 
 

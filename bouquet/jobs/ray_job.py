@@ -23,7 +23,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bouquet.jobs.embed_job import EmbedJobConfig, JobStats, default_budget, job_prompt, pipeline_depth
+from bouquet.config import batch_token_budget
+from bouquet.jobs.embed_job import EmbedJobConfig, JobStats, job_prompt, pipeline_depth
 from bouquet.jobs.reader import InputFile, discover, iter_file, resolve_id_column
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class EmbedActor:
         self.spec, self.cfg = spec, cfg
         self.tokenizer = TextTokenizer(spec)
         self.prompt = job_prompt(spec, cfg.prompt)
-        self.budget = default_budget(cfg.max_batch_tokens, self.engine.device.type, spec.max_seq_length)
+        self.budget = batch_token_budget(cfg.max_batch_tokens, self.engine.device.type, spec.max_seq_length)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from bouquet.engine.pooling import finalize

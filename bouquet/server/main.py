@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from bouquet.config import ServeConfig
+from bouquet.config import ServeConfig, batch_token_budget
 from bouquet.modelspec import ModelSpec, load_spec
 from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
 from bouquet.server.service import InferenceService
@@ -44,14 +44,6 @@ def _die_with_parent() -> None:
             pass
 
 
-def default_batch_tokens(cfg: ServeConfig, device_type: str) -> int:
-    """An explicit --max-batch-tokens wins; else 16,384 on a GPU and 2,048 on the CPU, where
-    smaller batches keep activations in cache (measured: ~15% faster on 2 cores)."""
-    if cfg.max_batch_tokens > 0:
-        return cfg.max_batch_tokens
-    return 16384 if device_type == "cuda" else 2048
-
-
 async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bind_host: str = "127.0.0.1",
                 ipc_path: str | None = None) -> None:
     """Bind ``bind_host:cfg.grpc_port`` (0 = a free port) and, when given, the Unix socket
@@ -60,7 +52,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
     if cfg.engine == "noop":
         # No model and no device: batch as a GPU replica does, so the scheduler packs alike.
-        service = InferenceService(cfg, spec, default_batch_tokens(cfg, "cuda"), depth=2)
+        service = InferenceService(cfg, spec, batch_token_budget(cfg.max_batch_tokens, "cuda"), depth=2)
     else:
         import torch  # the server process is where torch lives; imported after argument parsing
 
@@ -73,7 +65,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
             torch.cuda.set_device(dev)
         if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
             torch.set_num_threads(max(1, torch.get_num_threads()))
-        service = InferenceService(cfg, spec, default_batch_tokens(cfg, dev.type), depth=2 if dev.type == "cuda" else 1)
+        service = InferenceService(cfg, spec, batch_token_budget(cfg.max_batch_tokens, dev.type), depth=2 if dev.type == "cuda" else 1)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     add_servicer(server, service)
     add_health(server, lambda: service.ready and not service.draining)

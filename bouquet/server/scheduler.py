@@ -1,9 +1,9 @@
 """Batch formation: pure Python (numpy for the packed arrays), no torch, no asyncio.
 
-Pending sequences from all requests wait in one FIFO per priority class. ``next_batch`` takes
-sequences first-come-first-served from the highest class with pending work — every `interactive`
-sequence before any `batch` one, and never both classes in one batch — until the token budget or
-the sequence-slot limit is reached. An interactive sequence thus waits for at most the batches
+Pending requests wait in one FIFO per priority class (bouquet/packing.py: the packing rule the
+offline job uses too). ``next_batch`` takes sequences first-come-first-served from the highest
+class with pending work — every `interactive` sequence before any `batch` one, and never both
+classes in one batch — until the token budget or the sequence-slot limit is reached. An interactive sequence thus waits for at most the batches
 already in flight (one on the CPU, ``depth`` on a GPU). A sequence longer than the budget still
 runs, alone. What the scheduler does not own: running the engine, waiting for results, or any
 network I/O (server/service.py does those); it only decides what runs next and routes result rows
@@ -11,14 +11,15 @@ back to their requests.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Callable
 
 import numpy as np
 
+from bouquet.config import MAX_BATCH_SEQS
 from bouquet.engine.batch import Batch
+from bouquet.packing import PackQueue, cumulative
 
 
 class Priority(IntEnum):
@@ -39,7 +40,8 @@ class Request:
     """One client request: ``seqs[i]`` is int32 token ids [len_i]; results land in ``rows[i]``.
 
     ``on_done`` is called once, from ``Scheduler.complete``, when every row is in (or, with an
-    error message, when a row failed).
+    error message, when a row failed). ``cum`` and ``next`` make it a run of bouquet/packing.py:
+    set when it is queued, ``next`` advanced as its sequences are batched.
     """
 
     seqs: list[np.ndarray]
@@ -50,12 +52,17 @@ class Request:
     remaining: int = 0
     cancelled: bool = False
     error: str | None = None
-    queued: int = 0  # sequences not yet handed to the engine
-    queued_tokens: int = 0
+    cum: list[int] = field(default_factory=lambda: [0])  # [n+1] cumulative tokens, once queued
+    next: int = 0  # first sequence not yet handed to the engine
 
     def __post_init__(self) -> None:
         self.rows = [None] * len(self.seqs)
         self.remaining = len(self.seqs)
+
+    @property
+    def queued(self) -> int:
+        """Sequences queued and not yet handed to the engine."""
+        return len(self.cum) - 1 - self.next
 
     @property
     def num_tokens(self) -> int:
@@ -79,15 +86,21 @@ class SchedulerStats:
 class Scheduler:
     """FCFS within a priority class under a token budget. Not thread-safe: one event loop owns it."""
 
-    def __init__(self, max_batch_tokens: int, max_batch_seqs: int = 512, max_queue_tokens: int | None = None) -> None:
+    def __init__(self, max_batch_tokens: int, max_batch_seqs: int = MAX_BATCH_SEQS,
+                 max_queue_tokens: int | None = None) -> None:
         if max_batch_tokens < 1 or max_batch_seqs < 1:
             raise ValueError(f"max_batch_tokens and max_batch_seqs must be >= 1, got {max_batch_tokens}, {max_batch_seqs}")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
-        self._queues: dict[Priority, deque[tuple[Request, int]]] = {p: deque() for p in Priority}
-        self.pending_tokens = 0
+        self._queues: dict[Priority, PackQueue[Request]] = {
+            p: PackQueue(max_batch_tokens, max_batch_seqs) for p in Priority}
         self.stats = SchedulerStats()
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens of the sequences queued and not yet batched, all classes."""
+        return sum(q.pending_tokens for q in self._queues.values())
 
     def add(self, req: Request) -> None:
         """Queue every sequence of ``req``. Raises QueueFull beyond ``max_queue_tokens`` and
@@ -97,14 +110,11 @@ class Scheduler:
         if any(len(s) == 0 for s in req.seqs):
             raise ValueError("every sequence needs at least one token")
         n = req.num_tokens
-        if self.max_queue_tokens is not None and self.pending_tokens > 0 and self.pending_tokens + n > self.max_queue_tokens:
-            raise QueueFull(self.pending_tokens, self.max_queue_tokens)
-        q = self._queues[req.priority]
-        for i in range(len(req.seqs)):
-            q.append((req, i))
-        req.queued = len(req.seqs)
-        req.queued_tokens = n
-        self.pending_tokens += n
+        pending = self.pending_tokens
+        if self.max_queue_tokens is not None and pending > 0 and pending + n > self.max_queue_tokens:
+            raise QueueFull(pending, self.max_queue_tokens)
+        req.cum, req.next = cumulative(len(s) for s in req.seqs), 0
+        self._queues[req.priority].add(req)
 
     def cancel(self, req: Request) -> int:
         """Drop ``req``'s sequences that have not run yet; returns how many were dropped.
@@ -112,12 +122,8 @@ class Scheduler:
         if req.cancelled:
             return 0
         req.cancelled = True
-        dropped = req.queued
-        if dropped:
-            self._queues[req.priority] = deque(item for item in self._queues[req.priority] if item[0] is not req)
-            self.pending_tokens -= req.queued_tokens
-            req.queued = req.queued_tokens = 0
-            self.stats.cancelled_seqs += dropped
+        dropped = self._queues[req.priority].remove(req)
+        self.stats.cancelled_seqs += dropped
         return dropped
 
     def has_pending(self) -> bool:
@@ -125,35 +131,23 @@ class Scheduler:
 
     def next_batch(self) -> ScheduledBatch | None:
         """The next batch to run, or None when nothing is pending."""
-        owners: list[tuple[Request, int]] = []
-        tokens = 0
         for p in Priority:
-            q = self._queues[p]
-            while q and len(owners) < self.max_batch_seqs:
-                req, i = q[0]
-                n = len(req.seqs[i])
-                if owners and tokens + n > self.max_batch_tokens:
-                    break
-                q.popleft()
-                owners.append((req, i))
-                tokens += n
-                req.queued -= 1
-                req.queued_tokens -= n
-            if owners:
-                # A batch with interactive work is not topped up with batch-class work: the
-                # query's own batch stays small, so its latency is at most the batch in flight
-                # plus a short one, not two full batches.
+            # Only one class per batch: a batch with interactive work is not topped up with
+            # batch-class work, so the query's own batch stays small and its latency is at most
+            # the batch in flight plus a short one, not two full batches.
+            slices = self._queues[p].take()
+            if slices:
                 break
-        if not owners:
+        else:
             return None
-        self.pending_tokens -= tokens
+        owners = [(s.run, i) for s in slices for i in range(s.lo, s.hi)]
         seqs = [r.seqs[i] for r, i in owners]
         tts = None
         if any(r.type_ids is not None for r, _ in owners):
             tts = [r.type_ids[i] if r.type_ids is not None else None for r, i in owners]
         self.stats.batches += 1
         self.stats.sequences += len(owners)
-        self.stats.tokens += tokens
+        self.stats.tokens += sum(s.tokens for s in slices)
         return ScheduledBatch(Batch.pack(seqs, tts), owners)
 
     def complete(self, sb: ScheduledBatch, rows: np.ndarray | None, error: str | None = None) -> list[Request]:
