@@ -109,7 +109,7 @@ def serve(cfg: ServeConfig) -> int:
         loop = "asyncio"
     # No X-Forwarded-* rewriting (client addresses are never used) and no `server` header: less
     # work per request in uvicorn. Keep-alive: see ServeConfig (above the clients' idle expiry).
-    common = dict(host=cfg.host, port=cfg.port, loop=loop, http="httptools", log_level=cfg.log_level, access_log=False,
+    common = dict(host=cfg.host, port=cfg.port, loop=loop, http="bouquet.gateway.protocol:HttpProtocol", log_level=cfg.log_level, access_log=False,
                   proxy_headers=False, server_header=False, timeout_keep_alive=cfg.timeout_keep_alive)
     if cfg.gateway_workers > 1:
         from uvicorn.supervisors import Multiprocess

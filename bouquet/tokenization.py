@@ -18,6 +18,32 @@ from bouquet.modelspec import ModelSpec
 Side = Literal["left", "right"]
 
 
+def resolve_prompt(spec: ModelSpec, prompt: str | None = None, name: str | None = None) -> str:
+    """The text prepended to every input: ``prompt`` as given, else the model's prompt called
+    ``name``, else its default prompt (sentence-transformers' ``prompts`` and
+    ``default_prompt_name`` in config_sentence_transformers.json), else "".
+
+    Raises ValueError when both ``prompt`` and ``name`` are given, KeyError for an unknown name.
+    """
+    if prompt is not None and name is not None:
+        raise ValueError("send either 'prompt' or 'prompt_name', not both")
+    if name is not None:
+        if name not in spec.prompts:
+            raise KeyError(f"unknown prompt_name {name!r}; this model defines {sorted(spec.prompts)}")
+        return spec.prompts[name]
+    if prompt is None and spec.default_prompt_name:
+        return spec.prompts.get(spec.default_prompt_name, "")
+    return prompt or ""
+
+
+class BadTokenId(ValueError):
+    """Pre-tokenized input ``index`` holds an id outside the vocabulary."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 class TooLong(ValueError):
     """Input ``index`` has ``count`` tokens, more than the model's ``limit``."""
 
@@ -106,15 +132,15 @@ class TextTokenizer:
 
     def check_ids(self, seqs: list[list[int]], truncate: bool = True, side: Side = "right") -> Encoded:
         """Pre-tokenized input: validate ids against the vocabulary, truncate or refuse long ones.
-        Raises ValueError naming the sequence and the bad id, or TooLong."""
+        Raises BadTokenId naming the sequence and the bad id, or TooLong."""
         out = []
         for i, s in enumerate(seqs):
             arr = np.asarray(s, dtype=np.int32)  # parse_inputs checked the int32 range
             if arr.size == 0:
-                raise ValueError(f"input {i} is an empty list of token ids")
+                raise BadTokenId(i, f"input {i} is an empty list of token ids")
             bad = arr[(arr < 0) | (arr >= self.vocab_size)]
             if bad.size:
-                raise ValueError(f"input {i} has token id {int(bad[0])}, outside the vocabulary [0, {self.vocab_size})")
+                raise BadTokenId(i, f"input {i} has token id {int(bad[0])}, outside the vocabulary [0, {self.vocab_size})")
             if arr.size > self.spec.max_seq_length:
                 if not truncate:
                     raise TooLong(i, int(arr.size), self.spec.max_seq_length)
@@ -131,12 +157,14 @@ class TextTokenizer:
         """Token ids → int32 array, with the model's pooled EOS appended when it needs one."""
         return self._finish(ids)
 
-    def windows(self, texts: list[str], overlap: int) -> list[list[tuple[np.ndarray, int, int, int, int]]]:
+    def windows(self, texts: list[str], overlap: int, prefix_chars: int = 0) -> list[list[tuple[np.ndarray, int, int, int, int]]]:
         """Split each text into overlapping windows that each fit the model.
 
         Returns per text a list of (ids int32 [n], token_start, token_end, char_start, char_end):
-        token offsets count the text's own tokens (special tokens excluded), end exclusive;
-        consecutive windows share ``overlap`` tokens. Special tokens are added to every window.
+        offsets count the text's own tokens (special tokens excluded, end exclusive) and index its
+        characters; consecutive windows share ``overlap`` tokens. Special tokens are added to every
+        window. ``prefix_chars``: every text starts with a prompt of this many characters, which
+        the first window carries; offsets leave it out (they start after it, at 0).
         """
         t = self._windowers.get(overlap)
         if t is None:
@@ -147,12 +175,41 @@ class TextTokenizer:
         for enc in t.encode_batch(texts):
             parts, start = [enc, *enc.overflowing], 0
             wins = []
+            prompt_tokens = 0  # the prompt's tokens: those ending inside it, in the first window
             for k, part in enumerate(parts):
                 content = [o for o, sp in zip(part.offsets, part.special_tokens_mask) if not sp]
+                if k == 0 and prefix_chars:
+                    prompt_tokens = sum(1 for _, e in content if e <= prefix_chars)
                 n = len(content)
                 if k:
-                    start = wins[-1][2] - overlap
-                chars = (content[0][0], content[-1][1]) if content else (0, 0)
-                wins.append((self._finish(part.ids), start, start + n, *chars))
+                    start = wins[-1][2] + prompt_tokens - overlap
+                a, b = (content[0][0], content[-1][1]) if content else (0, 0)
+                wins.append((self._finish(part.ids), max(0, start - prompt_tokens), start + n - prompt_tokens,
+                             max(0, a - prefix_chars), max(0, b - prefix_chars)))
             out.append(wins)
         return out
+
+
+def token_spans(text: str, tokens: list[str], offsets: list[tuple[int, int]], special: list[int]) -> list[tuple[int, int] | None]:
+    """Character spans of an encoding's tokens that never overlap (None for special tokens).
+
+    ``tokenizers`` can report overlapping offsets: SentencePiece-style (Metaspace) tokenizers emit a
+    synthetic "▁" word-start token labelled with the first character of the word that follows it
+    (XLM-R: "中文" → "▁" at [0, 1], "中文" at [0, 2]), and byte-level BPE labels every piece of a
+    split character with the whole character. Here a token made only of "▁" over input that is not
+    whitespace covers no characters ([a, a]), and a token starting before the previous one's end
+    starts there instead, so ``text[start:stop]`` is each token's own share of the input.
+    """
+    spans: list[tuple[int, int] | None] = []
+    cursor = 0
+    for tok, (a, b), sp in zip(tokens, offsets, special):
+        if sp:
+            spans.append(None)
+            continue
+        if tok and tok.strip("\u2581") == "" and not text[a:b].isspace():
+            b = a  # a word-start marker, not a character of the input
+        a = max(a, cursor)
+        b = max(b, a)
+        spans.append((a, b))
+        cursor = b
+    return spans

@@ -33,5 +33,25 @@ def test_serve_family_over_http(kind, tmp_path):
         assert cosine_rows(got[:-1], got[1:]).max() < 0.999  # different texts, different vectors
         r = srv.embed(TEXTS)
         assert r.json()["usage"]["prompt_tokens"] == enc.num_tokens
+        if kind == "xlmr":
+            check_tokenize_spans(srv)
     finally:
         srv.stop()
+
+
+def check_tokenize_spans(srv: BouquetProcess) -> None:
+    """/tokenize on a SentencePiece tokenizer: its synthetic "▁" word-start token covers no input
+    characters, spans never overlap, and every token's text is ``input[start:stop]``."""
+    import httpx
+
+    for text in ("中文字符测试", "hello 中文 world", "😀x", "a  b"):
+        r = httpx.post(srv.url + "/tokenize", json={"inputs": text, "add_special_tokens": False}, timeout=30)
+        assert r.status_code == 200, r.text
+        toks = r.json()[0]
+        end = 0
+        for t in toks:
+            assert t["text"] == text[t["start"]:t["stop"]] and t["start"] >= end, (text, toks)
+            end = t["stop"]
+        assert "".join(t["text"] for t in toks) == text.replace(" ", "") or " " in text
+    first = httpx.post(srv.url + "/tokenize", json={"inputs": "中文字符测试", "add_special_tokens": False}).json()[0]
+    assert first[0]["text"] == "" and first[0]["start"] == first[0]["stop"] == 0  # the "▁"

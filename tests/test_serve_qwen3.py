@@ -100,3 +100,19 @@ def test_qwen3_embeddings_over_http(server: tuple[str, Path]) -> None:
     # the prompt matters: without it the query vectors are different
     plain = reference_vectors(model_dir, queries)
     assert (got_queries * plain).sum(1).max() < 0.999
+
+
+def test_chunk_offsets_with_prompt_name(server: tuple[str, Path]) -> None:
+    """Windows of a long input report offsets in the input's own coordinates with the model's
+    long ``query`` prompt too (issue 16: a 639-character input reported chars up to 730)."""
+    base, _ = server
+    text = " ".join(f"passage{i} about rivers" for i in range(40))
+    out = {}
+    for extra in ({}, {"prompt_name": "query"}):
+        r = httpx.post(f"{base}/v1/embeddings", json={"input": text, "long_input": "chunks", **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        out[bool(extra)] = chunks = r.json()["data"][0]["chunks"]
+        assert len(chunks) > 1
+        assert chunks[0]["chars"][0] == 0 and chunks[0]["tokens"][0] == 0
+        assert chunks[-1]["chars"][1] == len(text)
+    assert out[True][-1]["tokens"][1] == out[False][-1]["tokens"][1]  # the input's own token count

@@ -21,7 +21,7 @@ from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import Encoded, TextTokenizer, TooLong
+from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong, resolve_prompt
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs).
 INLINE_TOKENIZE_CHARS = 4096
@@ -67,15 +67,26 @@ class Gateway:
 
     async def infer(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None = None, normalize: bool | None = None,
                     dimensions: int | None = None, priority: int = pb.PRIORITY_AUTO) -> np.ndarray:
-        """ReplicaPool.infer, timed into the inference histogram. Returns float32 [B, D]."""
+        """ReplicaPool.infer, timed into the inference histogram. Returns float32 [B, D].
+
+        Identical sequences (same ids and token types) run once and share their row: equal inputs
+        get bit-identical outputs wherever they sit in the request (rerank ties keep input order),
+        which a batched forward does not promise (~1e-8 apart by position)."""
         t0 = time.perf_counter()
         try:
-            return await self.pool.infer(seqs, type_ids, normalize, dimensions, priority)
+            unique, where = _dedupe(seqs, type_ids)
+            if unique is None:
+                return await self.pool.infer(seqs, type_ids, normalize, dimensions, priority)
+            u_types = None if type_ids is None else [type_ids[i] for i in unique]
+            rows = await self.pool.infer([seqs[i] for i in unique], u_types, normalize, dimensions, priority)
+            return rows[where]
         finally:
             self.metrics.inference_seconds.observe(time.perf_counter() - t0)
 
-    async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None) -> Encoded:
-        """Texts or token ids → Encoded. Raises APIError 400 (too long with truncation off, bad ids)."""
+    async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None,
+                       param: str = "input") -> Encoded:
+        """Texts or token ids → Encoded. Raises APIError 400 (too long with truncation off, bad ids)
+        naming ``param[i]``, the input at fault (``param`` alone for a request of one bare item)."""
         try:
             if inputs.token_ids is not None:
                 return self.tokenizer.check_ids(inputs.token_ids, truncate, side)  # type: ignore[arg-type]
@@ -84,22 +95,47 @@ class Gateway:
                 texts = [prompt + t for t in texts]
             return await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
         except TooLong as e:
-            raise bad_request(str(e), "input", "context_length_exceeded") from None
-        except ValueError as e:
-            raise bad_request(str(e), "input", "invalid_token_id") from None
+            raise bad_request(str(e), item_param(param, inputs, e.index), "context_length_exceeded") from None
+        except BadTokenId as e:
+            raise bad_request(str(e), item_param(param, inputs, e.index), "invalid_token_id") from None
 
-    def resolve_prompt(self, body: dict[str, Any]) -> str | None:
-        """``prompt`` / ``prompt_name`` / the model's default prompt → the text to prepend.
-        Raises APIError 400 for both at once or an unknown name."""
-        prompt = opt_str(body, "prompt")
-        name = opt_str(body, "prompt_name")
-        if prompt is not None and name is not None:
-            raise bad_request("send either 'prompt' or 'prompt_name', not both", "prompt", "invalid_value")
-        if name is not None:
-            if name not in self.spec.prompts:
-                raise bad_request(f"unknown prompt_name {name!r}; this model defines {sorted(self.spec.prompts)}",
-                                  "prompt_name", "invalid_value")
-            return self.spec.prompts[name]
-        if prompt is None and self.spec.default_prompt_name:
-            return self.spec.prompts.get(self.spec.default_prompt_name)
-        return prompt
+    def resolve_prompt(self, body: dict[str, Any], inputs: TextInputs | None = None) -> str | None:
+        """``prompt`` / ``prompt_name`` / the model's default prompt → the text to prepend to texts
+        (None for token-id input: ids are embedded as given). Raises APIError 400 for both at once,
+        an unknown name, or either one sent with token-id input (it cannot apply to ids)."""
+        prompt, name = opt_str(body, "prompt"), opt_str(body, "prompt_name")
+        if inputs is not None and inputs.token_ids is not None:
+            if prompt is not None or name is not None:
+                field = "prompt" if prompt is not None else "prompt_name"
+                raise bad_request(f"'{field}' applies to text input only; this request sends token ids "
+                                  "(prepend the prompt's ids yourself)", field, "invalid_value")
+            return None
+        try:
+            return resolve_prompt(self.spec, prompt, name) or None
+        except ValueError as e:
+            raise bad_request(str(e), "prompt", "invalid_value") from None
+        except KeyError as e:
+            raise bad_request(str(e.args[0]), "prompt_name", "invalid_value") from None
+
+
+def item_param(param: str, inputs: TextInputs, index: int) -> str:
+    """``param[index]`` for a list of inputs, ``param`` for a request of one bare item."""
+    return param if inputs.single else f"{param}[{index}]"
+
+
+def _dedupe(seqs: list[np.ndarray], type_ids: list[np.ndarray] | None) -> tuple[list[int] | None, np.ndarray]:
+    """(indices of the first occurrence of each distinct sequence, row of each input among them);
+    (None, _) when all are distinct."""
+    if len(seqs) < 2:
+        return None, np.empty(0, dtype=np.int64)
+    first: dict[bytes, int] = {}
+    where = np.empty(len(seqs), dtype=np.int64)
+    unique: list[int] = []
+    for i, s in enumerate(seqs):
+        key = s.tobytes() if type_ids is None else s.tobytes() + b"|" + type_ids[i].tobytes()
+        k = first.get(key)
+        if k is None:
+            k = first[key] = len(unique)
+            unique.append(i)
+        where[i] = k
+    return (None, where) if len(unique) == len(seqs) else (unique, where)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import orjson
 from starlette.responses import Response
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error", 424: "invalid_request_error", 429: "rate_limit_error",
+# Statuses not listed are "invalid_request_error" / "Validation" (every other 4xx).
+_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
           500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
-_TEI_TYPES = {400: "Validation", 401: "Unauthorized", 404: "Validation", 405: "Validation", 413: "Validation",
-              422: "Validation", 424: "Backend",
-              429: "Overloaded", 500: "Backend", 503: "Unhealthy", 504: "Backend"}
+_TEI_TYPES = {401: "Unauthorized", 424: "Backend", 429: "Overloaded", 500: "Backend", 503: "Unhealthy", 504: "Backend"}
 
 
 class APIError(Exception):

@@ -161,7 +161,7 @@ class Front:
         watch = _Watch(task, receive)
         timer: asyncio.TimerHandle | None = None
         try:
-            body = await read_body(scope["headers"], receive, self.gw.cfg.max_request_bytes)
+            body = await read_body(scope, receive, self.gw.cfg.max_request_bytes)
             timer = asyncio.get_running_loop().call_later(self.watch_after_s, watch.start)
             response = await route(self.gw, parse_json(body))
         except APIError as e:

@@ -19,24 +19,53 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 
 
-async def read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> bytes:
-    """The whole request body. Raises APIError 413 beyond ``limit`` bytes (from Content-Length
-    before reading, or while reading), ClientDisconnect when the client goes away meanwhile."""
+TRUNCATED = "bouquet.body_truncated"  # set by protocol.py on a request whose client stopped sending
+
+
+def _json_type(value: bytes) -> bool:
+    """``application/json`` or any ``+json`` type, parameters (``; charset=utf-8``) ignored."""
+    media = value.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+def check_body_headers(headers: list[tuple[bytes, bytes]], limit: int) -> int | None:
+    """Refuse a POST by its headers alone; returns the announced Content-Length (None if chunked).
+
+    Raises APIError 411 without ``Content-Length`` or chunked transfer encoding (RFC 9110
+    §15.5.12), 413 beyond ``limit`` bytes, 415 for a declared media type that is not JSON (a
+    request without ``Content-Type`` is read as JSON).
+    """
+    length: bytes | None = None
+    chunked = False
     for name, value in headers:
         if name == b"content-length":
-            cl = value.decode("latin-1")
-            if cl.isdigit() and int(cl) > limit:
-                raise APIError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes", None, "payload_too_large")
-            break
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientDisconnect()
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", None, "payload_too_large")
-        return body
-    chunks, size = [body], len(body)
+            length = value
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"content-type" and not _json_type(value):
+            media = value.split(b";", 1)[0].strip().decode("latin-1")
+            raise APIError(415, f"Content-Type {media!r} is not supported; send the body as JSON with "
+                                "'Content-Type: application/json'", None, "unsupported_media_type")
+    if length is None:
+        if chunked:
+            return None
+        raise APIError(411, "a POST needs a Content-Length header (or chunked transfer encoding)", None, "length_required")
+    n = int(length)  # the HTTP parser accepted it, so it is a plain decimal number
+    if n > limit:
+        raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes", None, "payload_too_large")
+    return n
+
+
+async def read_body(scope: MutableMapping[str, Any], receive: Receive, limit: int) -> bytes:
+    """The whole request body, after ``check_body_headers``.
+
+    Raises APIError 411/413/415 (see there), 413 beyond ``limit`` bytes while reading, 400 when
+    the client stopped sending before the end of its announced body, ClientDisconnect when the
+    client went away meanwhile.
+    """
+    announced = check_body_headers(scope["headers"], limit)
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -47,7 +76,11 @@ async def read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", None, "payload_too_large")
         chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            break
+    if TRUNCATED in (scope.get("extensions") or {}):
+        expected = f"of the {announced} bytes its Content-Length announced" if announced is not None else "of its chunked body"
+        raise bad_request(f"the request body ended after {size} bytes {expected}", None, "incomplete_body")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def parse_json(body: bytes) -> dict[str, Any]:

@@ -10,7 +10,8 @@ window is embedded as a request would embed it (same ``normalize`` and ``dimensi
   vector and offsets (see docs/api.md, "Long inputs").
 
 A prompt (``prompt`` / ``prompt_name``) is prepended to the text before it is cut, so only the
-first window carries it. Inputs that fit in one window give exactly their ordinary embedding.
+first window carries it; offsets stay in the input's own coordinates (the prompt's tokens and
+characters are not counted). Inputs that fit in one window give exactly their ordinary embedding.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from bouquet.gateway.core import Gateway
+from bouquet.gateway.core import Gateway, item_param
 from bouquet.gateway.errors import bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
+from bouquet.tokenization import BadTokenId
 
 
 
@@ -59,25 +61,28 @@ def _id_windows(seq: list[int], size: int, overlap: int) -> list[tuple[np.ndarra
 
 
 async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normalize: bool | None,
-                     dims: int | None, priority: int = pb.PRIORITY_AUTO) -> tuple[np.ndarray, int, list[list[Window]]]:
+                     dims: int | None, priority: int = pb.PRIORITY_AUTO,
+                     param: str = "input") -> tuple[np.ndarray, int, list[list[Window]]]:
     """Inputs → (vectors float32 [N, D], tokens embedded over all windows, windows per input).
 
-    Raises APIError 400 for token ids outside the vocabulary.
+    Raises APIError 400 naming ``param[i]`` for token ids outside the vocabulary.
     """
     tok = gw.tokenizer
     overlap = overlap_for(tok.max_len)
     if inputs.texts is not None:
         texts = [prompt + t for t in inputs.texts] if prompt else inputs.texts
-        per_input = await gw.run_tokenizer(tok.windows, texts, overlap)
+        per_input = await gw.run_tokenizer(tok.windows, texts, overlap, len(prompt or ""))
         has_chars = True
     else:
         size = gw.spec.max_seq_length
         per_input = [_id_windows(s, size, overlap) for s in inputs.token_ids or []]
         has_chars = False
-        try:  # vocabulary check on every window (they all fit, so nothing is truncated)
-            tok.check_ids([w[0].tolist() for ws in per_input for w in ws], truncate=False)
-        except ValueError as e:
-            raise bad_request(str(e), "input", "invalid_token_id") from None
+        for i, seq in enumerate(inputs.token_ids or []):
+            try:  # the vocabulary check on the whole input (the ids are checked before any cut)
+                tok.check_ids([seq], truncate=True)
+            except BadTokenId as e:
+                raise bad_request(str(e).replace("input 0", f"input {i}", 1), item_param(param, inputs, i),
+                                  "invalid_token_id") from None
     flat = [w[0].astype(np.int32) for ws in per_input for w in ws]
     rows = await gw.infer(flat, None, normalize, dims, priority)
     do_norm = gw.spec.normalize if normalize is None else normalize

@@ -25,13 +25,15 @@ class EmbedResult:
 
 
 async def embed(gw: Gateway, inputs: TextInputs, mode: str, side: str, prompt: str | None,
-                normalize: bool | None, dims: int | None, priority: int = pb.PRIORITY_AUTO) -> EmbedResult:
+                normalize: bool | None, dims: int | None, priority: int = pb.PRIORITY_AUTO,
+                param: str = "input") -> EmbedResult:
     """Inputs → EmbedResult. ``mode`` is a long_input mode (inputs.LONG_INPUT_MODES), ``side``
-    the truncation side. Raises APIError (400 for inputs that cannot be embedded, 429/503/504
-    from the replicas)."""
+    the truncation side, ``param`` the request field holding the inputs (named in errors as
+    ``param[i]``). Raises APIError (400 for inputs that cannot be embedded, 429/503/504 from the
+    replicas)."""
     if mode in ("chunk_mean", "chunks"):
-        vectors, tokens, chunks = await embed_long(gw, inputs, prompt, normalize, dims, priority)
+        vectors, tokens, chunks = await embed_long(gw, inputs, prompt, normalize, dims, priority, param)
         return EmbedResult(vectors, tokens, chunks if mode == "chunks" else None)
-    enc = await gw.tokenize(inputs, mode == "truncate", side, prompt)
+    enc = await gw.tokenize(inputs, mode == "truncate", side, prompt, param)
     vectors = await gw.infer(enc.ids, None, normalize, dims, priority)
     return EmbedResult(vectors, enc.num_tokens)

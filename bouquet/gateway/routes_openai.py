@@ -39,7 +39,7 @@ async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
         raise bad_request("'user' must be a string", "user", "invalid_type")
     if gw.spec.task != "embed":
         raise bad_request(f"model '{gw.public_id}' is a scoring model; use /v1/rerank or /v1/score", "model", "wrong_task")
-    prompt = gw.resolve_prompt(body) if inputs.texts is not None else None
+    prompt = gw.resolve_prompt(body, inputs)
     res = await embed(gw, inputs, mode, side, prompt, normalize, dims, priority)
     data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encode_vectors(res.vectors, fmt))]
     if res.chunks is not None:  # long_input "chunks": one vector per window, with its offsets

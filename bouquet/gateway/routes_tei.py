@@ -19,6 +19,7 @@ from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import score_pairs
+from bouquet.tokenization import token_spans
 
 
 def _direction(body: dict[str, Any]) -> str:
@@ -41,9 +42,10 @@ async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
         raise bad_request("long_input 'chunks' is only available on /v1/embeddings; use 'chunk_mean' here",
                           "long_input", "invalid_value")
     dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)
-    prompt = gw.resolve_prompt(body) if inputs.texts is not None else None
+    prompt = gw.resolve_prompt(body, inputs)
     priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
-    res = await embed(gw, inputs, mode, _direction(body), prompt, opt_bool(body, "normalize"), dims, priority)
+    res = await embed(gw, inputs, mode, _direction(body), prompt, opt_bool(body, "normalize"), dims, priority,
+                    "inputs")
     return json_response(res.vectors)
 
 
@@ -66,8 +68,10 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
 
 async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/tokenize``: ``inputs`` (string or list), ``add_special_tokens`` (default true),
-    ``prompt_name`` → per input a list of ``{"id", "text", "special", "start", "stop"}``
-    (character offsets into the input, null for special tokens)."""
+    ``prompt_name`` → per input a list of ``{"id", "text", "special", "start", "stop"}``:
+    character offsets into the text tokenized (the prompt, when one applies, then the input),
+    null for special tokens; spans never overlap and ``text`` is always ``input[start:stop]``
+    (``bouquet.tokenization.token_spans``)."""
     texts = parse_texts(body.get("inputs"), "inputs", gw.cfg.max_inputs)
     add_special = opt_bool(body, "add_special_tokens")
     prompt = gw.resolve_prompt(body)
@@ -76,12 +80,10 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     encs = await gw.run_tokenizer(gw.tokenizer.encodings, texts, add_special is not False)
     out = []
     for text, enc in zip(texts, encs):
-        toks = []
-        for tid, tok, (a, b), sp in zip(enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask):
-            special = bool(sp)
-            toks.append({"id": tid, "text": tok if special else text[a:b], "special": special,
-                         "start": None if special else a, "stop": None if special else b})
-        out.append(toks)
+        spans = token_spans(text, enc.tokens, enc.offsets, enc.special_tokens_mask)
+        out.append([{"id": tid, "text": tok if span is None else text[span[0]:span[1]], "special": span is None,
+                     "start": None if span is None else span[0], "stop": None if span is None else span[1]}
+                    for tid, tok, span in zip(enc.ids, enc.tokens, spans)])
     return json_response(out)
 
 

@@ -127,4 +127,5 @@ async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bo
     qv = q.vectors[[qi[t] for t in queries]].astype(np.float64)
     dv = d.vectors[[di[t] for t in docs]].astype(np.float64)
     cos = (qv * dv).sum(1) / np.maximum(np.linalg.norm(qv, axis=1) * np.linalg.norm(dv, axis=1), 1e-12)
-    return Scores(cos, q.tokens + d.tokens)
+    # Rounding can put equal vectors a hair past 1 (1.0000000000000002): the documented range is [-1, 1].
+    return Scores(np.clip(cos, -1.0, 1.0), q.tokens + d.tokens)

@@ -151,14 +151,6 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
     return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs))
 
 
-def job_prompt(spec: Any, prompt: str | None) -> str:
-    if prompt is not None:
-        return prompt
-    if spec.default_prompt_name:
-        return spec.prompts.get(spec.default_prompt_name, "")
-    return ""
-
-
 class _Producer(threading.Thread):
     """Reads chunks and submits them to the tokenizer pool; puts the futures, in input order, on a
     bounded queue (None at the end, or the exception that stopped it)."""
@@ -228,7 +220,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
 
     from bouquet.engine.engine import resolve_device, resolve_dtype
     from bouquet.engine.pooling import finalize
-    from bouquet.tokenization import TextTokenizer
+    from bouquet.tokenization import TextTokenizer, resolve_prompt
     from bouquet.modelspec import load_spec
 
     cfg = cfg.validate()
@@ -239,7 +231,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
     device = engine.device if engine is not None else resolve_device(cfg.device)
     compute_dtype = str(engine.dtype if engine is not None else resolve_dtype(cfg.dtype, device)).removeprefix("torch.")
-    prompt = job_prompt(spec, cfg.prompt)
+    prompt = resolve_prompt(spec, cfg.prompt)
     settings = {
         "model": str(spec.path), "text_column": cfg.text_column, "id_column": id_column, "format": cfg.format,
         "output_dtype": cfg.output_dtype, "compute_dtype": compute_dtype, "shard_rows": cfg.shard_rows,

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bouquet.config import batch_token_budget
-from bouquet.jobs.embed_job import EmbedJobConfig, JobStats, job_prompt, pipeline_depth
+from bouquet.jobs.embed_job import EmbedJobConfig, JobStats, pipeline_depth
 from bouquet.jobs.reader import InputFile, discover, iter_file, resolve_id_column
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class EmbedActor:
     """Holds one Engine (one GPU, or the CPU) and embeds Arrow batches of (id, text) → (id, vector)."""
 
     def __init__(self, cfg: EmbedJobConfig, device: str) -> None:
-        from bouquet.tokenization import TextTokenizer
+        from bouquet.tokenization import TextTokenizer, resolve_prompt
         from bouquet.modelspec import load_spec
 
         import torch
@@ -66,7 +66,7 @@ class EmbedActor:
         self.engine.warmup()
         self.spec, self.cfg = spec, cfg
         self.tokenizer = TextTokenizer(spec)
-        self.prompt = job_prompt(spec, cfg.prompt)
+        self.prompt = resolve_prompt(spec, cfg.prompt)
         self.budget = batch_token_budget(cfg.max_batch_tokens, self.engine.device.type, spec.max_seq_length)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
