@@ -13,7 +13,9 @@ import typer
 
 from bouquet.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS, ConfigError, ServeConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="bouquet: fast embedding and reranking server.")
+# Plain (click) help: rich's option table cuts long option names at 80 columns ("--interactive-max-…").
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"max_content_width": 100}, help="bouquet: fast embedding and reranking server.")
 
 
 @app.callback()
@@ -123,6 +125,8 @@ def serve(
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
                                      help="Refuse over-long inputs by default instead of truncating."),
+    cors_allow_origin: list[str] = typer.Option([], help="A browser origin (e.g. https://app.example.com, or *) "
+                                                "allowed to call the API: answers CORS preflights. Repeatable; off by default."),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
     try:
@@ -135,7 +139,7 @@ def serve(
         device=device, replicas=replicas, gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport,
         servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
-        api_key=api_key, truncate=not no_truncate,
+        api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
     )
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve as run
@@ -155,7 +159,7 @@ def bench(
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"],
                                      help="Systems: engine (in process) | grpc | http | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
-    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (DESIGN.md), 5 (online queries)."),
+    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
     out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
     models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
@@ -184,7 +188,7 @@ def bench(
     query_tokens: str = typer.Option("16,64", help="Benchmark 5: generated text lengths, lowest,highest tokens."),
     query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),
 ) -> None:
-    """Run DESIGN.md's benchmarks against bouquet and the transformers baseline, side by side."""
+    """Run the benchmarks (bench/README.md) against bouquet and the transformers baseline, side by side."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.bench.driver import BenchOptions, run_bench
     from bouquet.bench.run import Settings

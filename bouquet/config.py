@@ -82,7 +82,9 @@ class ServeConfig:
     # that request gets no reply (ReadError). 75 s is nginx's default.
     timeout_keep_alive: float = 75.0
     max_inputs: int = 4096
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # a secret: kept out of reprs and replicas
+    # Browser origins allowed to call the API (CORS, gateway/app.py); empty = no CORS headers at all.
+    cors_allow_origins: tuple[str, ...] = ()
     truncate: bool = True  # default for requests that do not say
     # "noop": a benchmarking aid that runs no model and answers zero vectors (engine/noop.py)
     engine: EngineKind = "torch"
@@ -153,7 +155,7 @@ class ServeConfig:
     @classmethod
     def from_json(cls, text: str) -> "ServeConfig":
         raw = json.loads(text)
-        for k in ("served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths"):
+        for k in ("served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths", "cors_allow_origins"):
             raw[k] = tuple(raw.get(k) or ())
         return cls(**raw).validate()
 

@@ -20,6 +20,9 @@ from pathlib import Path
 
 from bouquet.config import ServeConfig
 
+# Environment variables that can hold the API key (the CLI's, the gateway workers' config).
+SECRET_ENV = frozenset({"BOUQUET_API_KEY", "BOUQUET_GATEWAY_CONFIG"})
+
 log = logging.getLogger("bouquet")
 
 
@@ -50,10 +53,12 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0) -> list[R
     cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
     for i, dev in enumerate(devices):
         port_file = tmp / f"replica{i}.port"
-        env = dict(os.environ)
+        # The replica never sees the API key: not on its command line (readable by any local user
+        # in /proc/PID/cmdline), not in its environment.
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         if not dev.startswith("cuda") and len(devices) > 1:
             env.setdefault("OMP_NUM_THREADS", str(cpu_threads))
-        rcfg = cfg.replace(grpc_port=cfg.grpc_port + i if cfg.grpc_port else 0)
+        rcfg = cfg.replace(grpc_port=cfg.grpc_port + i if cfg.grpc_port else 0, api_key=None)
         cmd = [sys.executable, "-m", "bouquet.server", "--config", rcfg.to_json(), "--port-file", str(port_file), "--device", dev]
         ipc = str(tmp / f"replica{i}.sock") if cfg.transport == "auto" else ""
         if ipc:

@@ -17,6 +17,7 @@ from helpers import BouquetProcess
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "query: "
+ORIGIN = "https://app.example.com"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,8 @@ def custom_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def custom_server(custom_dir):
     srv = BouquetProcess("--model", str(custom_dir), "--served-model-name", "custom", "--api-key", KEY,
-                         "--no-truncate", "--max-inputs", "8", "--max-request-bytes", "4096")
+                         "--no-truncate", "--max-inputs", "8", "--max-request-bytes", "4096",
+                         "--cors-allow-origin", ORIGIN)
     yield srv
     srv.stop()
 
@@ -75,6 +77,43 @@ def test_api_key(custom_server):
     assert len(ok.data[0].embedding) == 384
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=custom_server.url + "/v1", api_key="nope").embeddings.create(model="custom", input="hi")
+
+
+def test_api_key_stays_out_of_the_replicas(custom_server):
+    """The replicas never need the key: it is not on their command line (world-readable in
+    /proc/PID/cmdline) nor in their environment, and no log line shows it."""
+    from bouquet.bench.procs import tree_pids
+
+    replicas = [p for p in tree_pids(custom_server.proc.pid) if p != custom_server.proc.pid]
+    assert replicas, "no replica process found"
+    for pid in replicas:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert b"bouquet.server" in cmdline or b"multiprocessing" in cmdline, cmdline[:200]
+        assert KEY.encode() not in cmdline, cmdline[:300]
+        assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    assert post(custom_server, "/v1/embeddings", {"input": "x"}).status_code == 200
+    assert KEY not in custom_server.log()
+
+
+def test_cors(custom_server, minilm_server):
+    pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    r = httpx.options(custom_server.url + "/v1/embeddings", headers=pre)  # no API key: preflights carry none
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    r = post(custom_server, "/v1/embeddings", {"input": "x"}, {**AUTH, "Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = post(custom_server, "/v1/embeddings", {"input": "x"}, {"Origin": ORIGIN})  # a 401 is readable too
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.options(custom_server.url + "/embed", headers={**pre, "Origin": "https://evil.example"})
+    assert r.status_code == 400 and r.json()["error_type"] == "Validation"
+    assert "access-control-allow-origin" not in r.headers
+    # Off by default: no preflight answer, no CORS headers.
+    r = httpx.options(minilm_server.url + "/v1/embeddings", headers=pre)
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+    assert "access-control-allow-origin" not in minilm_server.embed("x").headers
 
 
 def test_payload_and_input_limits(custom_server):

@@ -14,7 +14,9 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from bouquet.config import ServeConfig
@@ -82,7 +84,32 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, drain: DrainState | None = Non
 
     describe_routes(api)
     gw.metrics.watch_replicas(gw.pool)
-    return Front(api, gw, ROUTES, cfg.api_key, drain)
+    front = Front(api, gw, ROUTES, cfg.api_key, drain)
+    return Cors(front, cfg.cors_allow_origins) if cfg.cors_allow_origins else front
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS handling (Fetch standard, "CORS protocol") for ``--cors-allow-origin``:
+    preflights are answered before the front (they carry no API key), other responses get the
+    ``Access-Control-Allow-Origin`` headers. A refused preflight is the API's JSON 400 instead of
+    Starlette's plain text."""
+
+    def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
+        super().__init__(app, allow_origins=list(origins), allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
+                         allow_headers=["Authorization", "Content-Type"], max_age=600)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":
+            headers = Headers(scope=scope)
+            if "origin" in headers and "access-control-request-method" in headers:
+                response = self.preflight_response(request_headers=headers)
+                if response.status_code >= 400:
+                    reason = bytes(response.body).decode(errors="replace")
+                    response = APIError(400, f"CORS preflight refused: {reason}", None, "cors_preflight_refused",
+                                        headers={"Vary": "Origin"}).response_for(scope["path"])
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 async def _served_by_front(request: Request) -> Response:
