@@ -78,3 +78,21 @@ def test_malformed_bodies_are_4xx(minilm_server, path):
 def test_wrong_method_4xx(minilm_server, method):
     r = httpx.request(method, minilm_server.url + "/v1/embeddings", timeout=30)
     assert r.status_code in (404, 405), r.text
+
+
+ROUTES = ["/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/health", "/metrics",
+          "/v1/models", "/v1/models/sentence-transformers/all-MiniLM-L6-v2", "/v1/models/unknown", "/info", "/nope"]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_every_method_on_every_route(minilm_server, method):
+    """No 5xx for any method on any route (HEAD and item routes included); errors in the route
+    family's JSON shape; HEAD answers like GET without a body."""
+    for path in ROUTES:
+        r = httpx.request(method, minilm_server.url + path, json={"input": "x"} if method == "POST" else None, timeout=60)
+        assert r.status_code < 500, (method, path, r.status_code, r.text[:300])
+        if method == "HEAD":
+            assert r.content == b""
+            assert r.status_code == httpx.request("GET", minilm_server.url + path, timeout=60).status_code, path
+        elif r.status_code >= 400:
+            any_error_shape(path, r.json())
