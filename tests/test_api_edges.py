@@ -142,3 +142,18 @@ def test_a_bad_request_never_costs_its_neighbour_the_response(minilm_server, bad
 def test_half_closed_client_still_gets_its_answer(minilm_server):
     (status, body), = exchange(minilm_server, post_bytes("/v1/embeddings", EMBED), half_close=True)
     assert status == 200 and len(body["data"]) == 1
+
+
+def test_cosine_scores_stay_in_range(minilm_server):
+    """STSb dev row 1469: two sentences differing only in case; the cosine of their (equal)
+    vectors came out 1.0000000000000002 before it was clamped to the documented [-1, 1]."""
+    from helpers import read_sts
+
+    s1, s2, _ = read_sts("dev")
+    assert s1[1469].lower() == s2[1469].lower() and s1[1469] != s2[1469]
+    rows = [1469, *range(0, 60)]
+    r = httpx.post(minilm_server.url + "/v1/score", json={"text_1": [s1[i] for i in rows], "text_2": [s2[i] for i in rows]},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    scores = [d["score"] for d in r.json()["data"]]
+    assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] == 1.0
