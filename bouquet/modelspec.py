@@ -4,6 +4,8 @@ Reads the Hugging Face layout (``config.json``, ``tokenizer.json``) and, when pr
 sentence-transformers files (``modules.json``, ``1_Pooling/config.json``,
 ``sentence_bert_config.json``, ``config_sentence_transformers.json``), following the meaning
 those files have in sentence-transformers 3.x (``sentence_transformers/models/Pooling.py``).
+What depends on the architecture (task, default pooling, position offset, reranker prompt) is
+read from its row in ``bouquet/engine/families.py``.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Pooling = Literal["cls", "mean", "last"]
+from bouquet.engine.families import Pooling, architecture_of, family
+
 Task = Literal["embed", "score"]
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -87,11 +90,6 @@ class ModelSpec:
         return self.path / "tokenizer.json"
 
 
-# Architectures whose pooled output is a score rather than an embedding.
-_SCORE_ARCHS = {"BertForSequenceClassification", "XLMRobertaForSequenceClassification"}
-_CAUSAL_ARCHS = {"Qwen3Model", "Qwen3ForCausalLM", "Qwen2Model", "Qwen2ForCausalLM"}
-
-
 def _st_pooling(path: Path, modules: list[dict[str, Any]]) -> tuple[Pooling | None, bool]:
     pooling: Pooling | None = None
     normalize = False
@@ -114,11 +112,10 @@ def _st_pooling(path: Path, modules: list[dict[str, Any]]) -> tuple[Pooling | No
 
 
 def is_causal(cfg: dict[str, Any]) -> bool:
-    """Whether attention is causal: decoder architectures (Qwen3, Qwen2) are, unless config.json
-    says ``"is_bidirectional": true`` (or ``"is_causal": false``, or ``"bouquet": {"causal":
-    false}``) — the bidirectional Qwen3 embedders, which then default to mean pooling."""
-    arch = (cfg.get("architectures") or [""])[0]
-    if arch not in _CAUSAL_ARCHS:
+    """Whether attention is causal: decoder architectures (``Family.decoder``: Qwen3) are, unless
+    config.json says ``"is_bidirectional": true`` (or ``"is_causal": false``, or ``"bouquet":
+    {"causal": false}``) — the bidirectional Qwen3 embedders, which then default to mean pooling."""
+    if not family(architecture_of(cfg)).decoder:
         return False
     override = (cfg.get("bouquet") or {}).get("causal")
     if override is not None:
@@ -126,21 +123,11 @@ def is_causal(cfg: dict[str, Any]) -> bool:
     return not cfg.get("is_bidirectional", False) and cfg.get("is_causal", True) is not False
 
 
-# Qwen3-Reranker's prompt (its model card): a chat turn asking for "yes" or "no", scored at the
-# position after the assistant's empty think block. Placeholders: {instruction} {query} {document}.
-QWEN3_RERANKER_TEMPLATE = (
-    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
-    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
-    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-)
-QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-
-
 def _is_lm_reranker(arch: str, cfg: dict[str, Any], name: str) -> bool:
-    """A causal LM served as a yes/no reranker: said by ``"bouquet": {"task": "score"}``,
-    ``"is_reranker": true``, or a model name/directory containing "reranker"."""
-    if arch not in _CAUSAL_ARCHS or not arch.endswith("ForCausalLM"):
+    """A causal LM served as a yes/no reranker (its family has a ``reranker_template``): said by
+    ``"bouquet": {"task": "score"}``, ``"is_reranker": true``, or a model name/directory
+    containing "reranker"."""
+    if family(arch).reranker_template is None:
         return False
     task = (cfg.get("bouquet") or {}).get("task")
     if task is not None:
@@ -196,27 +183,19 @@ def spec_from_config(
     if not archs:
         raise ModelError(f"config of {model_id} names no 'architectures'")
     arch = archs[0]
+    row = family(arch)
     modules = modules or []
     st_cfg = st_cfg or {}
     st_pool, st_norm = _st_pooling(path, modules) if path is not None else (None, False)
     bouquet_cfg = cfg.get("bouquet", {})  # optional overrides written by a deployer
     causal = is_causal(cfg)
     lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
-    task: Task = "score" if arch in _SCORE_ARCHS or lm_reranker else "embed"
-    if st_pool is not None:
-        pooling: Pooling = st_pool
-    elif task == "score" and arch in _SCORE_ARCHS:
-        pooling = "cls"
-    elif causal or lm_reranker:
-        pooling = "last"
-    else:
-        pooling = "mean"
+    task: Task = "score" if row.score_head or lm_reranker else "embed"
+    pooling: Pooling = st_pool if st_pool is not None else row.default_pooling(causal or lm_reranker)
     pooling = bouquet_cfg.get("pooling", pooling)
     normalize = bool(bouquet_cfg.get("normalize", st_norm if modules else task == "embed"))
 
-    max_len = int(cfg.get("max_position_embeddings", 512))
-    if cfg.get("model_type") in ("xlm-roberta", "roberta"):
-        max_len -= int(cfg.get("pad_token_id", 1)) + 1  # positions start after padding_idx
+    max_len = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
     if st_max_seq_length:
         max_len = min(max_len, int(st_max_seq_length))
     max_len = int(bouquet_cfg.get("max_seq_length", max_len))
@@ -232,9 +211,9 @@ def spec_from_config(
         if yes is None or no is None:
             raise ModelError(f"reranker {model_id}: no 'yes'/'no' token in tokenizer.json and no yes_token_id/no_token_id in config.json")
         yes_no = (int(yes), int(no))
-        pair_template = str(bouquet_cfg.get("pair_template", QWEN3_RERANKER_TEMPLATE))
+        pair_template = str(bouquet_cfg.get("pair_template", row.reranker_template))
     num_labels = 0
-    if arch in _SCORE_ARCHS:
+    if row.score_head:
         num_labels = len(cfg.get("id2label") or {"0": "LABEL_0"})
     if task == "score":
         dimension = 1 if yes_no else num_labels
@@ -268,7 +247,7 @@ def spec_from_config(
         yes_no_ids=yes_no,
         append_eos_id=append_eos,
         pair_template=pair_template,
-        default_instruction=QWEN3_DEFAULT_INSTRUCTION if lm_reranker else None,
+        default_instruction=row.default_instruction if lm_reranker else None,
     )
 
 

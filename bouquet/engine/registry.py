@@ -1,40 +1,37 @@
-"""Maps config.json's ``architectures`` string to the class that implements it, lazily imported."""
+"""Maps config.json's ``architectures`` string to the class that implements it, lazily imported.
+
+The rows live in ``families.py`` (one per architecture, shared with ``bouquet.modelspec``).
+"""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-import torch
+from bouquet.engine.families import FAMILIES
 
-# architecture → (module under bouquet.engine.models, class name)
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "BertModel": ("bert", "BertModel"),
-    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
-    "XLMRobertaModel": ("xlm_roberta", "XLMRobertaModel"),
-    "XLMRobertaForSequenceClassification": ("xlm_roberta", "XLMRobertaForSequenceClassification"),
-    "Qwen3Model": ("qwen3", "Qwen3Model"),
-    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
-}
-# Checkpoints whose architecture names a head the task does not use: Qwen3-Embedding ships as
-# Qwen3ForCausalLM, but embedding needs only the decoder (its lm_head is skipped explicitly).
-TASK_OVERRIDES: dict[tuple[str, str], tuple[str, str]] = {
-    ("Qwen3ForCausalLM", "embed"): ("qwen3", "Qwen3Model"),
-}
+if TYPE_CHECKING:
+    from bouquet.engine.models.base import PackedModel
+
+# The architectures this build serves (the keys of the family table).
+ARCHITECTURES: tuple[str, ...] = tuple(FAMILIES)
 
 
 class UnsupportedArchitecture(ValueError):
     pass
 
 
-def model_class(architecture: str, task: str = "embed") -> type[torch.nn.Module]:
-    """The class serving ``architecture`` for ``task`` ("embed" or "score").
+def model_class(architecture: str, task: str = "embed") -> "type[PackedModel]":
+    """The class serving ``architecture`` for ``task`` ("embed" or "score"): the row's class, or
+    its ``embed_cls`` for "embed" (a checkpoint whose head the embedding task does not use).
 
     Raises UnsupportedArchitecture listing what is supported."""
-    if architecture not in ARCHITECTURES:
+    row = FAMILIES.get(architecture)
+    if row is None:
         raise UnsupportedArchitecture(
             f"architecture {architecture!r} is not supported; supported: {sorted(ARCHITECTURES)}"
         )
-    mod, cls = TASK_OVERRIDES.get((architecture, task), ARCHITECTURES[architecture])
+    cls = row.embed_cls if task == "embed" and row.embed_cls else row.cls
     try:
-        return getattr(importlib.import_module(f"bouquet.engine.models.{mod}"), cls)
+        return getattr(importlib.import_module(f"bouquet.engine.models.{row.module}"), cls)
     except ModuleNotFoundError as e:  # registered but not yet implemented in this build
         raise UnsupportedArchitecture(f"architecture {architecture!r}: {e}") from e

@@ -1,0 +1,100 @@
+"""Model-family facts, one row per ``architectures`` string of config.json; torch-free.
+
+Read by ``bouquet.modelspec`` (gateway and replica: task, pooling, sequence limit, prompt) and
+by ``engine/registry.py`` (which class to import). Everything else a model needs lives in its
+model file under ``engine/models/``.
+
+Adding an architecture (e.g. ``MPNetModel``):
+1. write ``engine/models/mpnet.py`` with a class implementing ``engine/models/base.py``'s
+   ``PackedModel`` (parameter names as in the Hugging Face checkpoint);
+2. add one row to ``FAMILIES`` below: ``"MPNetModel": Family("mpnet", "MPNetModel", ...)``, with
+   the facts that differ from the defaults (an encoder, mean pooling, no score head, positions
+   from 0);
+3. add a tiny random model of it to ``tests/fixtures/tiny_models.py``: ``tests/test_model_families.py``
+   then compares it with transformers.
+A task model (``...ForSequenceClassification``) is a second row with ``score_head=True`` and
+``pooling="cls"``. A position embedding table that reserves rows before position 0 (RoBERTa's
+``padding_idx + 1``) is ``positions_after_padding=True``: the model reads the offset from
+``position_offset`` and the spec's sequence limit shrinks by it, both from this one row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Pooling = Literal["cls", "mean", "last"]
+
+# Qwen3-Reranker's prompt (its model card): a chat turn asking for "yes" or "no", scored at the
+# position after the assistant's empty think block. Placeholders: {instruction} {query} {document}.
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+@dataclass(frozen=True)
+class Family:
+    """What bouquet knows about one architecture.
+
+    module, cls             the implementation: ``bouquet.engine.models.<module>.<cls>``
+    embed_cls               the class that serves the checkpoint as an embedder when its own head
+                            is not used (Qwen3-Embedding ships as ``Qwen3ForCausalLM``); None: ``cls``
+    score_head              a classifier on the pooled row: task "score", ``num_labels`` outputs
+                            (cross-encoders; the API applies the sigmoid)
+    decoder                 causal attention unless config.json says bidirectional (see
+                            ``modelspec.is_causal``); a causal decoder pools the last token, a
+                            bidirectional one the mean
+    pooling                 default pooling when no sentence-transformers ``1_Pooling`` says otherwise
+    positions_after_padding position ids start at ``pad_token_id + 1`` (RoBERTa, XLM-R)
+    reranker_template       a causal LM of this family can be a yes/no reranker with this prompt
+                            (placeholders {instruction} {query} {document}); None: it cannot
+    default_instruction     the reranker's {instruction} when the request gives none
+    """
+
+    module: str
+    cls: str
+    embed_cls: str | None = None
+    score_head: bool = False
+    decoder: bool = False
+    pooling: Pooling = "mean"
+    positions_after_padding: bool = False
+    reranker_template: str | None = None
+    default_instruction: str | None = None
+
+    def position_offset(self, cfg: dict[str, Any]) -> int:
+        """Row of ``position_embeddings`` that holds position 0 (0, or ``pad_token_id + 1``)."""
+        return int(cfg.get("pad_token_id", 1)) + 1 if self.positions_after_padding else 0
+
+    def default_pooling(self, causal: bool) -> Pooling:
+        """The pooling when the model directory does not declare one."""
+        return "mean" if self.decoder and not causal else self.pooling
+
+
+FAMILIES: dict[str, Family] = {
+    "BertModel": Family("bert", "BertModel"),
+    "BertForSequenceClassification": Family("bert", "BertForSequenceClassification", score_head=True, pooling="cls"),
+    "XLMRobertaModel": Family("xlm_roberta", "XLMRobertaModel", positions_after_padding=True),
+    "XLMRobertaForSequenceClassification": Family("xlm_roberta", "XLMRobertaForSequenceClassification",
+                                                  score_head=True, pooling="cls", positions_after_padding=True),
+    "Qwen3Model": Family("qwen3", "Qwen3Model", decoder=True, pooling="last"),
+    "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", embed_cls="Qwen3Model", decoder=True, pooling="last",
+                               reranker_template=QWEN3_RERANKER_TEMPLATE,
+                               default_instruction=QWEN3_DEFAULT_INSTRUCTION),
+}
+
+# An architecture without a row: read like a BERT-style encoder, so that the gateway can still
+# describe it; the replica refuses it at start-up (registry.UnsupportedArchitecture).
+UNKNOWN = Family("", "")
+
+
+def family(architecture: str) -> Family:
+    """The row of ``architecture``, or ``UNKNOWN`` when bouquet has none."""
+    return FAMILIES.get(architecture, UNKNOWN)
+
+
+def architecture_of(cfg: dict[str, Any]) -> str:
+    """config.json's first ``architectures`` entry ("" when absent)."""
+    return (cfg.get("architectures") or [""])[0]
