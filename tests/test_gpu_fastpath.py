@@ -1,8 +1,9 @@
-"""GPU fast path: graph == eager for every captured bucket, fused kernels == PyTorch (CUDA only)."""
+"""GPU fast path: graph == eager for every captured bucket, fused kernels == PyTorch, and the
+graph counters the replica exports (CUDA only)."""
 from __future__ import annotations
 
 import copy
-
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +37,10 @@ def test_add_rms_norm_matches_pytorch() -> None:
     torch.nn.init.normal_(norm.weight)
     for T in (1, 130, 4096):
         x, r = (torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out, s = add_rms_norm(x, norm, r)
+        out, s = add_rms_norm(x, r, norm)
         assert torch.equal(s, x + r)  # the residual stream is HF's bf16 sum exactly
         _bf16_close(out, norm(x + r))
-        out0, s0 = add_rms_norm(x, norm)
+        out0, s0 = add_rms_norm(x, None, norm)
         assert s0 is x
         _bf16_close(out0, norm(x))
 
@@ -113,13 +114,16 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     eng = Engine(load_spec(str(model_dir)), "cuda", graphs=GraphOptions(debug=True))
     rng = np.random.default_rng(0)
     seen = set()
+    replays = 0
     for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20))):
         batch = Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
         bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, 8192, 512)
         assert eng.replays(batch) == (bucket in seen)  # only captured buckets are cheap steps
+        replays += 3 if bucket in seen else 2  # a new bucket: eager, then capture + replay, replay
         seen.add(bucket)
         rows = [eng.step(batch).wait() for _ in range(3)]  # eager warm-up, capture, replay
         assert eng.replays(batch)
+        assert (eng.graph_captures, eng.graph_replays) == (len(seen), replays)
         want = eng.forward(batch).cpu().numpy()
         for r in rows:
             np.testing.assert_allclose(r, want, atol=1e-2, rtol=1e-2)
@@ -144,3 +148,23 @@ def test_startup_capture_from_saved_histogram(tmp_path: Path) -> None:
     again.warmup()  # captures the configured bucket and the hot one
     assert {Bucket(1, 128, 128), Bucket(2, 64, 32)} <= set(again.graphs.lazy.graphs)
     np.testing.assert_allclose(again.step(batch).wait(), again.forward(batch).cpu().numpy(), atol=1e-2, rtol=1e-2)
+
+
+def test_replica_graph_counters_count_real_replays(tmp_path: Path) -> None:
+    """Issue 16 item 8: /metrics' bouquet_replica_graph_{captures,replays} are the engine's own
+    counters (``contract.StepEngine``), nonzero once a captured graph has been replayed."""
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from helpers import BouquetProcess
+    from tests.test_contracts import graph_counters
+
+    srv = BouquetProcess("--model", str(make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer())), device="cuda")
+    try:
+        # One sequence of the same length each time, so one bucket: first sight eager, second
+        # captured and replayed, then replayed (the warm-up batch has two sequences: another bucket).
+        for _ in range(4):
+            assert srv.embed("the same short text").status_code == 200
+        time.sleep(1.3)  # replica numbers arrive with the gateway's next Info poll (about 1 s)
+        counters = graph_counters(srv.url)
+    finally:
+        srv.stop()
+    assert counters["captures"] >= 1 and counters["replays"] >= 3, counters

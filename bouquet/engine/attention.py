@@ -8,16 +8,16 @@ forward pass by ``backend.prepare`` and shared by every layer.
   fp16/bf16. ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
-  cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy): measured
-  0.20 vs 0.32 ms per layer at 100 × 512 bge-base shapes (bench/results/*run2-probe.json).
+  cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy), which is
+  faster there (bench/results/h200-2026-11-29-run2-probe.json: attn_cudnn_ms vs attn_varlen_ms).
   A causal model's single-slot graph bucket takes the same path with L = the bucket's tokens:
   the padding rows sit after the one real sequence, and causal attention never lets a real row
   see a later one, so real rows are exact (padding rows are discarded by pooling).
 - ``sdpa_grouped``: for the CPU (and fp32 on CUDA). Dense layers stay packed; attention groups
   the sequences by exact length and runs one unmasked SDPA call per group on ``[n, H, len, D]``
-  gathered rows: no padding and no mask, so no wasted work. Measured on 2 CPU cores, 200
-  sequences of 8–40 tokens, MiniLM heads: 18 ms per layer against 29–44 ms for one padded,
-  masked call; a batch of equal lengths (or one sequence) is a single call with no gather.
+  gathered rows: no padding and no mask, so no wasted work (less than one padded, masked call
+  does for mixed lengths); a batch of equal lengths (or one sequence) is a single call with no
+  gather.
 """
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ class VarlenBackend(AttentionBackend):
         T, H, D = q.shape
         L = meta.max_seqlen
         qp, kp, vp = (x.view(T // L, L, x.shape[1], D).transpose(1, 2) for x in (q, k, v))  # [B, heads, L, D]
-        # enable_gqa: cuDNN reads the shared K/V heads itself. Measured at Qwen3-0.6B heads, 32 × 512
-        # causal: 0.10 ms, against 0.30 ms for repeating K/V first (bench/results/*-profile).
+        # enable_gqa: cuDNN reads the shared K/V heads itself, faster than repeating K/V first
+        # (bench/results/h200-2026-11-30/README.md, the Qwen3-0.6B attention profile).
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
             out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=meta.causal, enable_gqa=k.shape[1] != H)
         return out.transpose(1, 2).reshape(T, H, D)

@@ -1,10 +1,10 @@
 """Fused device kernels used by the models, each with a plain-PyTorch fallback.
 
-- ``add_layer_norm(x, residual, ln)``: LayerNorm(x + residual) in one pass (BERT, XLM-R).
-  Measured on an H200 with bge-base shapes (bench/results/*run2-probe.json): eager add +
-  LayerNorm 0.166 ms at 51,200 × 768 bf16, fused 0.109 ms; at batch 1 it saves a launch per use.
-- ``add_rms_norm(x, norm, residual)``: the pre-norm decoder's "residual add, then RMSNorm" in one
+- ``add_layer_norm(x, residual, ln)``: LayerNorm(x + residual) in one pass (BERT, XLM-R); the
+  H200 timings against eager add + LayerNorm are in bench/results/*run2-probe.json.
+- ``add_rms_norm(x, residual, norm)``: the pre-norm decoder's "residual add, then RMSNorm" in one
   pass, returning both the normed rows and the new residual stream (Qwen3).
+Both take (rows, residual, norm module) in that order.
 - ``qk_norm_rope(qkv, ...)``: per-head q/k RMSNorm and rotary embedding in one pass, in place in
   the fused QKV projection's output (Qwen3).
 - ``silu_mul(gate_up)``: SiLU(gate) · up of the fused gate/up projection (Qwen3's MLP).
@@ -13,9 +13,10 @@
   most ~5e-4 (absolute), under one bf16 rounding step for any activation above 0.06 in size, so
   it is used only for fp16/bf16 on CUDA; fp32 and the CPU keep the exact erf form.
 
-Why: at batch 1 a Qwen3-0.6B forward pass was ~1,700 kernels (fp32 RMSNorm, rotary and the
-SiLU gate as separate elementwise passes, ~60 a layer); the replay time is mostly their launch
-latency, and at large batches each is a full memory pass over [T, hidden] in fp32.
+Why: unfused, a Qwen3 forward pass at batch 1 is mostly small elementwise kernels (fp32 RMSNorm,
+rotary and the SiLU gate as separate passes; counted in bench/results/h200-2026-11-29-final/
+README.md), so the replay time is mostly their launch latency, and at large batches each is a
+full memory pass over [T, hidden] in fp32.
 
 Precision follows Hugging Face's modules (``Qwen3RMSNorm``, ``apply_rotary_pos_emb``, ``BertLayer``):
 statistics in fp32; where HF rounds to the model dtype between steps (the residual sum, the
@@ -146,7 +147,7 @@ def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.L
     return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
 
 
-def add_rms_norm(x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
     (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype.
 

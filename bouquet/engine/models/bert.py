@@ -14,19 +14,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
+from bouquet.engine.families import architecture_of, family
 from bouquet.engine.layers import activation, fuse_linears
+from bouquet.engine.models.base import PackedModel
 from bouquet.engine.ops import add_layer_norm, linear_gelu
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, cfg: dict[str, Any], position_offset: int = 0) -> None:
+    def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         h = cfg["hidden_size"]
         self.word_embeddings = nn.Embedding(cfg["vocab_size"], h)
         self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], h)
         self.token_type_embeddings = nn.Embedding(max(cfg.get("type_vocab_size", 1), 1), h)
         self.LayerNorm = nn.LayerNorm(h, eps=cfg.get("layer_norm_eps", 1e-12))
-        self.position_offset = position_offset  # XLM-R: positions start at padding_idx + 1
+        # XLM-R: positions start at padding_idx + 1 (the family table's positions_after_padding)
+        self.position_offset = family(architecture_of(cfg)).position_offset(cfg)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids + self.position_offset)
@@ -73,6 +76,8 @@ class BertOutput(nn.Module):
 
 
 class BertLayer(nn.Module):
+    qkv: tuple[torch.Tensor, torch.Tensor]  # weight [3h, h], bias [3h]: set by fuse()
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         h, i, eps = cfg["hidden_size"], cfg["intermediate_size"], cfg.get("layer_norm_eps", 1e-12)
@@ -83,7 +88,6 @@ class BertLayer(nn.Module):
         self.head_dim = h // self.num_heads
         self.act_name = cfg.get("hidden_act", "gelu")
         activation(self.act_name)  # unknown activations fail at load time
-        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # fused after loading
 
     def fuse(self) -> None:
         """Concatenate q/k/v into one [3h, h] matmul (one GEMM instead of three)."""
@@ -94,11 +98,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
         T, h = x.shape
-        s = self.attention.self
-        if self.qkv is not None:
-            q, k, v = F.linear(x, *self.qkv).view(T, 3, self.num_heads, self.head_dim).unbind(1)
-        else:
-            q, k, v = (m(x).view(T, self.num_heads, self.head_dim) for m in (s.query, s.key, s.value))
+        q, k, v = F.linear(x, *self.qkv).view(T, 3, self.num_heads, self.head_dim).unbind(1)
         a = attn.attend(q, k, v, meta).reshape(T, h)  # [T, hidden]
         o = self.attention.output
         x = add_layer_norm(o.dense(a), x, o.LayerNorm)  # one fused kernel on CUDA
@@ -118,7 +118,7 @@ class BertPooler(nn.Module):
         self.dense = nn.Linear(h, h)
 
 
-class BertModel(nn.Module):
+class BertModel(PackedModel):
     """Embedding model: hidden states [T, hidden] → (pooled outside) → identity head."""
 
     IGNORED_KEYS: tuple[str, ...] = (r"pooler\..*", r"embeddings\.position_ids", r"cls\..*", r"lm_head\..*")
@@ -127,27 +127,21 @@ class BertModel(nn.Module):
 
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend) -> None:
         super().__init__()
-        self.embeddings = BertEmbeddings(cfg, self.position_offset(cfg))
+        self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.attn = attn
-
-    @staticmethod
-    def position_offset(cfg: dict[str, Any]) -> int:
-        """Index of position 0 in ``position_embeddings`` (0 for BERT)."""
-        return 0
 
     def fuse(self) -> None:
         for layer in self.encoder.layer:
             layer.fuse()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor:
+        """Packed ids/positions/types [T] int32 → hidden [T, hidden] in the model dtype."""
         x = self.embeddings(input_ids, position_ids, token_type_ids)  # [T, hidden]
         for layer in self.encoder.layer:
             x = layer(x, self.attn, meta)
         return x
 
-    def head(self, pooled: torch.Tensor) -> torch.Tensor:
-        return pooled  # [B, hidden]
 
 
 def num_labels(cfg: dict[str, Any]) -> int:
@@ -155,7 +149,7 @@ def num_labels(cfg: dict[str, Any]) -> int:
     return len(cfg["id2label"]) if cfg.get("id2label") else int(cfg.get("num_labels", 1))
 
 
-class BertForSequenceClassification(nn.Module):
+class BertForSequenceClassification(PackedModel):
     """Cross-encoder (ms-marco MiniLM, bge-reranker on BERT): CLS row → pooler (dense + tanh) →
     classifier → logits [B, num_labels] float32. The engine returns raw logits; the API layer
     applies the sigmoid. Follows HF ``BertForSequenceClassification`` (dropout is identity at
@@ -188,7 +182,7 @@ class BertForSequenceClassification(nn.Module):
         self.base.fuse()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor:
-        """Packed ids/positions/types [T] int64 → hidden [T, hidden] in the model dtype."""
+        """Packed ids/positions/types [T] int32 → hidden [T, hidden] in the model dtype."""
         return self.base(input_ids, position_ids, token_type_ids, meta)
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:

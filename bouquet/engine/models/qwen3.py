@@ -18,11 +18,15 @@ from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
+from bouquet.engine.models.base import PackedModel
 from bouquet.engine.ops import add_rms_norm, qk_norm_rope, rope_tables, silu_mul
 from bouquet.modelspec import is_causal
 
 
 class Qwen3Attention(nn.Module):
+    qkv: tuple[torch.Tensor, torch.Tensor | None]  # weight [(H + 2·Hkv)·D, hidden], bias: set by fuse()
+    qk_weight: torch.Tensor  # [2, head_dim]: q_norm, k_norm weights; set by fuse()
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         h = cfg["hidden_size"]
@@ -37,8 +41,6 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, eps)
         self.k_norm = RMSNorm(self.head_dim, eps)
-        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
-        self.qk_weight: torch.Tensor | None = None  # [2, head_dim]: q_norm, k_norm weights; set by fuse()
 
     def fuse(self) -> None:
         self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
@@ -47,16 +49,15 @@ class Qwen3Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
         """x [T, hidden] → [T, hidden]; cos/sin [T, head_dim/2] float32 (``ops.rope_tables``)."""
         T = x.shape[0]
-        if self.qkv is not None:
-            qkv = F.linear(x, *self.qkv)  # [T, (H + 2·Hkv)·D]
-        else:
-            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        qkv = F.linear(x, *self.qkv)  # [T, (H + 2·Hkv)·D]
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
                                self.head_dim, self.qk_weight)
         return self.o_proj(attn.attend(q, k, v, meta).reshape(T, self.num_heads * self.head_dim))
 
 
 class Qwen3MLP(nn.Module):
+    gate_up: torch.Tensor  # [2i, h]: gate rows, then up rows; set by fuse()
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         h, i = cfg["hidden_size"], cfg["intermediate_size"]
@@ -65,14 +66,12 @@ class Qwen3MLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=False)
         if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
             raise ValueError(f"Qwen3 MLP activation {cfg.get('hidden_act')!r} is not supported; only silu")
-        self.gate_up: torch.Tensor | None = None  # [2i, h], set by fuse()
+
+    def fuse(self) -> None:
+        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            gate_up = F.linear(x, self.gate_up)  # [T, 2i]
-        else:
-            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-        return self.down_proj(silu_mul(gate_up))
+        return self.down_proj(silu_mul(F.linear(x, self.gate_up)))  # gate_up [T, 2i] → [T, hidden]
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -86,7 +85,7 @@ class Qwen3DecoderLayer(nn.Module):
 
     def fuse(self) -> None:
         self.self_attn.fuse()
-        self.mlp.gate_up = fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)[0]
+        self.mlp.fuse()
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,12 +93,12 @@ class Qwen3DecoderLayer(nn.Module):
 
         The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);
         the sums are the same bf16 values HF's ``residual + hidden_states`` produces."""
-        h, residual = add_rms_norm(x, self.input_layernorm, residual)
-        h, residual = add_rms_norm(self.self_attn(h, cos, sin, attn, meta), self.post_attention_layernorm, residual)
+        h, residual = add_rms_norm(x, residual, self.input_layernorm)
+        h, residual = add_rms_norm(self.self_attn(h, cos, sin, attn, meta), residual, self.post_attention_layernorm)
         return self.mlp(h), residual
 
 
-class Qwen3Model(nn.Module):
+class Qwen3Model(PackedModel):
     """Embedding model: hidden states [T, hidden] after the final norm; identity head.
 
     Checkpoints saved from ``Qwen3Model`` (no prefix) and from ``Qwen3ForCausalLM`` (``model.``
@@ -127,19 +126,16 @@ class Qwen3Model(nn.Module):
             layer.fuse()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None, meta: AttnMeta) -> torch.Tensor:
-        """ids/positions [T] int64 (token types ignored) → hidden [T, hidden] in the model dtype."""
+        """ids/positions [T] int32 (token types ignored) → hidden [T, hidden] in the model dtype."""
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = rope_tables(position_ids, self.head_dim, self.rope_theta)  # [T, head_dim/2] fp32
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, self.attn, meta)
-        return add_rms_norm(x, self.norm, residual)[0]
-
-    def head(self, pooled: torch.Tensor) -> torch.Tensor:
-        return pooled  # [B, hidden]
+        return add_rms_norm(x, residual, self.norm)[0]
 
 
-class Qwen3ForCausalLM(nn.Module):
+class Qwen3ForCausalLM(PackedModel):
     """Qwen3-Reranker: the LM's next-token logits at the last position, restricted to the
     "yes" and "no" tokens. ``head`` returns [B, 1] float32 = logit(yes) − logit(no), so that
     sigmoid(score) = softmax([no, yes])[yes] = P("yes"), the model card's relevance score; the
@@ -152,6 +148,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     IGNORED_KEYS: tuple[str, ...] = ()  # per instance: (lm_head.weight,) when the head is tied
     PREFIXES: tuple[str, ...] = ()
+    yes_no: torch.Tensor  # [2, hidden]: the "yes" and "no" rows of the LM head; set by fuse()
 
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend, yes_no_ids: tuple[int, int] | None = None) -> None:
         super().__init__()
@@ -164,15 +161,11 @@ class Qwen3ForCausalLM(nn.Module):
         self.IGNORED_KEYS = (r"lm_head\.weight",) if self.tied else ()
         self.yes_no_ids = yes_no_ids
         self.causal = self.model.causal
-        self.yes_no: torch.Tensor | None = None  # [2, hidden], set by fuse()
-
-    def _rows(self) -> torch.Tensor:
-        w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
-        return w[list(self.yes_no_ids)].detach().clone()  # [2, hidden]: yes, no
 
     def fuse(self) -> None:
         self.model.fuse()
-        self.yes_no = self._rows()
+        w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
+        self.yes_no = w[list(self.yes_no_ids)].detach().clone()  # [2, hidden]: yes, no
         if not self.tied:
             del self.lm_head  # the other vocab rows are never read
 
@@ -181,6 +174,5 @@ class Qwen3ForCausalLM(nn.Module):
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         """pooled last-token rows [B, hidden] float32 → [B, 1] float32 logit(yes) − logit(no)."""
-        rows = self.yes_no if self.yes_no is not None else self._rows()
-        logits = F.linear(pooled.to(rows.dtype), rows).float()  # [B, 2]
+        logits = F.linear(pooled.to(self.yes_no.dtype), self.yes_no).float()  # [B, 2]
         return (logits[:, 0] - logits[:, 1]).unsqueeze(1)
