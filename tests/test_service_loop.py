@@ -17,8 +17,9 @@ import numpy as np
 
 from bouquet.config import ServeConfig
 from bouquet.engine.batch import Batch
+from bouquet.engine.contract import EngineInfo
 from bouquet.modelspec import load_spec
-from bouquet.server.scheduler import Request
+from bouquet.server.scheduler import Request, Scheduler
 from bouquet.server.service import InferenceService
 
 DIM = 4
@@ -43,15 +44,27 @@ class Handle:
 
 class DeviceLikeEngine:
     """Batches of at most ``graph_tokens`` tokens are "graph replays"; device time per batch is
-    ``seconds(batch)``. Row i of a batch = [first token id of sequence i, 0, 0, 0]."""
+    ``seconds(batch)``. Row i of a batch = [first token id of sequence i, 0, 0, 0]. Implements
+    ``bouquet.engine.contract.StepEngine`` (tests/test_contracts.py checks the real engines)."""
+
+    inline_step = False
 
     def __init__(self, graph_tokens: int, seconds) -> None:  # type: ignore[no-untyped-def]
         self.graph_tokens, self.seconds = graph_tokens, seconds
+        self.spec, self.out_dim = load_spec(None), DIM
+        self.info = EngineInfo("fake", "float32", "none", DIM, 0.0)
         self.steps: list[tuple[int, int, float, Handle]] = []  # (thread, tokens, launch time, handle)
         self._device_free_at = 0.0
+        self.graph_captures = self.graph_replays = 0
 
     def replays(self, batch: Batch) -> bool:
         return batch.num_tokens <= self.graph_tokens
+
+    def warmup(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
 
     def step(self, batch: Batch) -> Handle:
         now = time.perf_counter()
@@ -61,6 +74,7 @@ class DeviceLikeEngine:
         rows = np.zeros((batch.num_seqs, DIM), np.float32)
         rows[:, 0] = firsts
         h = Handle(rows, self._device_free_at)
+        self.graph_replays += self.replays(batch)
         self.steps.append((threading.get_ident(), batch.num_tokens, now, h))
         return h
 
@@ -113,7 +127,7 @@ def test_a_running_replay_is_waited_off_the_loop_while_other_work_waits() -> Non
     engine = DeviceLikeEngine(graph_tokens=64, seconds=lambda b: 0.03)
 
     async def body(svc: InferenceService):  # type: ignore[no-untyped-def]
-        svc.scheduler.max_batch_tokens = 16  # one request per batch
+        svc.scheduler = Scheduler(16)  # one request per batch (the loop reads the attribute each turn)
         first = asyncio.create_task(submit(svc, request([1], 16)))
         second = asyncio.create_task(submit(svc, request([2], 16)))  # queued before the loop looks
         return await first, await second

@@ -4,8 +4,9 @@
 from pinned memory, the forward pass, pooling and the head are enqueued (a CUDA-graph replay for
 batches up to ``GraphOptions.max_tokens``, see graphs.py), then an asynchronous device→host copy
 into pinned memory and a CUDA event; nothing in ``step`` waits for the device. ``wait()`` blocks
-only the calling (helper) thread. On the CPU the work runs inside ``step`` and the handle is
-already complete.
+only the calling (helper) thread. On the CPU the work runs inside ``step`` on the same packed
+inputs and through the same forward function, and the handle is already complete. ``Engine``
+implements ``contract.StepEngine``; the model classes implement ``models/base.PackedModel``.
 
 What the engine does not own: request bookkeeping, batching policy (server/scheduler.py),
 tokenization (gateway), per-request normalization/truncation (pooling.finalize, in the server).
@@ -22,8 +23,9 @@ import torch
 from bouquet.engine.attention import AttentionBackend, select_backend
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
+from bouquet.engine.contract import EngineInfo
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
-from bouquet.engine.pooling import pool, pool_static
+from bouquet.engine.pooling import pooler
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
 from bouquet.modelspec import ModelSpec
@@ -53,7 +55,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 class PendingResult:
     """A batch's output rows, [B, out_dim] float32, available after ``wait()`` (blocking, no GIL
-    held while the CUDA event is pending)."""
+    held while the CUDA event is pending). Implements ``contract.ResultHandle``."""
 
     def __init__(self, host: np.ndarray, event: "torch.cuda.Event | None" = None, keepalive: object = None) -> None:
         self._host = host
@@ -91,22 +93,16 @@ class GraphOptions:
                    stats_path=getattr(cfg, "bucket_stats_path", None))
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    device: str
-    dtype: str
-    attention: str
-    out_dim: int
-    load_seconds: float
-
-
 class Engine:
     """One model on one device. Raises WeightError/UnsupportedArchitecture/ValueError at
     construction on a bad model.
 
     ``state``: an in-memory checkpoint (Hugging Face names, tensors on any device) used instead
     of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
+    Implements ``contract.StepEngine``.
     """
+
+    inline_step = False  # a step can run a whole forward pass: the replica calls it off its loop
 
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
@@ -129,6 +125,7 @@ class Engine:
         model.fuse()
         self.model = model
         self.causal = bool(model.causal)
+        self.pool = pooler(spec.pooling)  # chosen once: the same function on every step
         self.out_dim = spec.dimension
         # BERT-style models always get token types (zeros = type 0) so one graph serves pairs and
         # single texts alike; models without them (Qwen3) get None.
@@ -162,34 +159,38 @@ class Engine:
             uniform, max_seqlen = True, ids.shape[0]  # one causal sequence + trailing padding: exact
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
-        return self.model.head(pool_static(hidden, seg, cu, self.spec.pooling)).float()
+        return self.model.head(self.pool(hidden, seg, cu)).float()
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Eager forward of a packed batch → [B, out_dim] float32 on the engine's device."""
-        dev = self.device
-        if dev.type == "cuda":
-            host = pack_inputs(batch, batch.num_tokens, batch.num_seqs)
-            ids, pos, tt, seg, cu = input_views(host.to(dev, non_blocking=True), batch.num_tokens, batch.num_seqs)
-            uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
-            return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)
-        ids = torch.from_numpy(batch.input_ids).long()
-        pos = torch.from_numpy(batch.position_ids).long()
-        tt = None if batch.token_type_ids is None else torch.from_numpy(batch.token_type_ids).long()
-        cu = torch.from_numpy(batch.cu_seqlens)
-        meta = self.attn.prepare(cu, batch.max_seqlen, self.causal)  # host work: CPU only
-        hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
-        return self.model.head(pool(hidden, cu, self.spec.pooling)).float()
+        """Eager forward of a packed batch → [B, out_dim] float32 on the engine's device. CPU and
+        CUDA alike: the graph path's packed int32 inputs (``graphs.pack_inputs``, no padding
+        here) through ``_forward_packed``; on the CPU ``.to`` is a no-op."""
+        host = pack_inputs(batch, batch.num_tokens, batch.num_seqs)
+        ids, pos, tt, seg, cu = input_views(host.to(self.device, non_blocking=True), batch.num_tokens, batch.num_seqs)
+        uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
+        return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)
 
     def replays(self, batch: Batch) -> bool:
-        """True when ``step(batch)`` replays an already captured CUDA graph: ~0.1 ms of host work
-        (pack, one H2D copy, replay, D2H copy, event), cheap enough for the server to call on its
+        """True when ``step(batch)`` replays an already captured CUDA graph: a small, bounded host
+        cost (pack, one H2D copy, replay, D2H copy, event; ``b1_*_step_return_ms`` in
+        bench/results/h200-2026-11-29-run2-probe.json), cheap enough for the server to call on its
         event loop. False on the CPU, with graphs off, and for eager or not yet captured buckets."""
         if self.graphs is None:
             return False
         o = self.graph_options
         bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, o.max_tokens, o.max_seqs)
         return bucket is not None and bucket in self.graphs.lazy.graphs
+
+    @property
+    def graph_captures(self) -> int:
+        """CUDA graphs captured so far (start-up and lazy captures); 0 without graphs."""
+        return 0 if self.graphs is None else len(self.graphs.lazy.graphs)
+
+    @property
+    def graph_replays(self) -> int:
+        """Batches answered by a CUDA-graph replay so far; 0 without graphs."""
+        return 0 if self.graphs is None else self.graphs.replayed
 
     @torch.inference_mode()
     def step(self, batch: Batch) -> PendingResult:

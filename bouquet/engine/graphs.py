@@ -17,7 +17,7 @@ replay is: copy the packed host array into the buffer's first rows, replay, slic
 output rows. Padding is filled on the host while packing (``pack_inputs``), which costs less
 than extra device kernels.
 
-What it does NOT own: the model and its weights, pooling semantics (``pooling.pool_static``),
+What it does NOT own: the model and its weights, pooling semantics (``pooling.pooler``),
 the device→host result copy and its event (``engine.Engine.step``), batching policy, and
 concurrency: graphs share one pool, so replays must come from one thread in stream order and the
 caller must copy a replay's output out (enqueued on the same stream) before the next replay.
@@ -92,6 +92,7 @@ class GraphManager:
         self._buf_ptr = self.buf.data_ptr()
         self.pool = torch.cuda.graph_pool_handle()
         self.lazy: LazyCapture[_Graph] = LazyCapture(self._capture)
+        self.replayed = 0  # replays so far (the replica's graph_replays counter)
 
     def _run_forward(self, bucket: Bucket) -> torch.Tensor:
         ids, pos, tt, seg, cu = input_views(self.buf, bucket.tokens, bucket.seqs)
@@ -127,6 +128,7 @@ class GraphManager:
         if g is None:
             return self._run_forward(bucket)
         g.graph.replay()
+        self.replayed += 1
         if self.debug:
             assert self.buf.data_ptr() == self._buf_ptr, "static input buffer moved"
             assert g.out.data_ptr() == g.out_ptr, f"graph output of {bucket} moved"

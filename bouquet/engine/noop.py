@@ -1,63 +1,94 @@
-"""A benchmarking aid: an engine that runs no model (``bouquet serve --engine noop``).
+"""A benchmarking aid: an engine that runs no model (``bouquet serve --engine noop``, and the
+host-side ceiling of ``bench/embed_gpu.py``).
 
-It answers every packed batch with zero vectors of the model's output size, at once, so that a
-benchmark through the real gateway → gRPC → scheduler → service path measures everything but the
-model: HTTP parsing, tokenization, the gRPC hop, batching and reply encoding. The model's spec
-(dimension, limits, tokenizer) is still loaded by the caller, so inputs are validated exactly as
-with the real engine. Zero rows stay zero after normalization (``finalize`` divides by at least
-1e-12), so replies have the right shape and are obviously not embeddings.
+It answers every packed batch with rows of the model's output size, so that a benchmark through
+the real gateway → gRPC → scheduler → service path (or the batch job's read → tokenize → pack →
+finalize → write) measures everything but the model. The model's spec (dimension, limits,
+tokenizer) is still loaded by the caller, so inputs are validated exactly as with the real engine.
 
-What it does not own: anything on a device. It imports numpy only.
+Rows are zeros by default: they stay zero after normalization (``finalize`` divides by at least
+1e-12), so replies have the right shape and are obviously not embeddings. ``random_rows`` gives
+fixed random unit vectors instead, for writers whose cost depends on the values (zeros compress
+and dictionary-encode unlike real embeddings). ``rows_per_s`` > 0 models a device of that speed:
+batches run back to back and ``wait`` sleeps (without the GIL, as ``cuda.Event.synchronize``
+does) until the batch would be done, which shows on a CPU-only machine whether a pipeline keeps
+a fast device busy.
+
+What it does not own: anything on a device. It imports numpy only (no torch in its replica).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from bouquet.engine.batch import Batch
+from bouquet.engine.contract import EngineInfo
 from bouquet.modelspec import ModelSpec
 
 
-@dataclass(frozen=True)
-class NoopInfo:
-    """The fields of ``EngineInfo`` that the service reports (``Info`` RPC and logs)."""
-
-    device: str = "noop"
-    dtype: str = "float32"
-    attention: str = "none"
-    out_dim: int = 0
-    load_seconds: float = 0.0
-
-
 class NoopResult:
-    """A finished result: ``wait()`` returns float32 zeros [B, out_dim] without blocking."""
+    """``wait()`` returns the rows, float32 [B, out_dim], at ``done_at`` (perf_counter seconds) at
+    the earliest; 0 means at once. Implements ``contract.ResultHandle``."""
 
-    def __init__(self, rows: np.ndarray) -> None:
-        self._rows = rows
+    def __init__(self, rows: np.ndarray, done_at: float = 0.0) -> None:
+        self._rows, self._done_at = rows, done_at
 
     def ready(self) -> bool:
-        return True
+        return self._done_at == 0.0 or time.perf_counter() >= self._done_at
 
     def wait(self) -> np.ndarray:
+        left = self._done_at - time.perf_counter()
+        if self._done_at and left > 0:
+            time.sleep(left)
         return self._rows
 
 
 class NoopEngine:
-    """Same ``step``/``warmup``/``shutdown`` surface as ``engine.Engine``; no weights, no torch."""
+    """Implements ``contract.StepEngine`` without weights or torch.
 
-    inline_step = True  # step allocates zeros: the server calls it on its event loop, no thread hop
+    ``device`` and ``dtype`` are only reported (``info``; the batch job reads ``device.type`` to
+    choose its pipelining depth, so pass a ``torch.device`` there); no device is touched.
+    ``rows_per_s``: modelled device speed (0: answers at once). ``random_rows``: random unit
+    vectors (``max_rows`` of them, drawn once) instead of zeros.
+    """
 
-    def __init__(self, spec: ModelSpec) -> None:
+    inline_step = True  # step only slices an array: the server calls it on its event loop, no thread hop
+    graph_captures = 0  # no device, no CUDA graphs
+    graph_replays = 0
+
+    def __init__(self, spec: ModelSpec, device: object = "noop", dtype: object = "float32", rows_per_s: float = 0.0,
+                 random_rows: bool = False, max_rows: int = 4096) -> None:
         t0 = time.perf_counter()
-        self.spec = spec
+        self.spec, self.device, self.dtype = spec, device, dtype
         self.out_dim = spec.dimension
-        self.info = NoopInfo(out_dim=self.out_dim, load_seconds=time.perf_counter() - t0)
+        self.rows_per_s = rows_per_s
+        self._random: np.ndarray | None = None
+        if random_rows:
+            rows = np.random.default_rng(0).standard_normal((max_rows, self.out_dim)).astype(np.float32)
+            self._random = rows / np.linalg.norm(rows, axis=1, keepdims=True)  # [max_rows, D] float32
+        self._busy_until = 0.0  # perf_counter seconds when the modelled device finishes its queue
+        self.info = EngineInfo(str(device), str(dtype).removeprefix("torch."), "none", self.out_dim,
+                               time.perf_counter() - t0)
+
+    def _rows(self, b: int) -> np.ndarray:
+        """A fresh float32 [b, out_dim] array per batch, as the real engine returns."""
+        if self._random is None:
+            return np.zeros((b, self.out_dim), dtype=np.float32)
+        n = len(self._random)
+        return np.tile(self._random, (b // n + 1, 1))[:b] if b > n else self._random[:b].copy()
 
     def step(self, batch: Batch) -> NoopResult:
-        """Zero rows for ``batch.num_seqs`` sequences, float32 [B, out_dim]."""
-        return NoopResult(np.zeros((batch.num_seqs, self.out_dim), dtype=np.float32))
+        """Rows for ``batch.num_seqs`` sequences, float32 [B, out_dim]."""
+        b = batch.num_seqs
+        if self.rows_per_s <= 0:
+            return NoopResult(self._rows(b))
+        self._busy_until = max(time.perf_counter(), self._busy_until) + b / self.rows_per_s
+        return NoopResult(self._rows(b), self._busy_until)
+
+    def replays(self, batch: Batch) -> bool:
+        """Never: there are no CUDA graphs (every step is cheap anyway: ``inline_step``)."""
+        return False
 
     def warmup(self) -> None:
         """Nothing to warm up; kept so the server treats both engines alike."""

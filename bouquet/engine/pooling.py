@@ -1,14 +1,15 @@
 """Pooling, normalization and Matryoshka truncation: the one place these live.
 
-Pooling acts on packed hidden states and ``cu_seqlens`` (sentence-transformers' ``Pooling``
-semantics, without padding): CLS = row ``cu[:-1]``, last token = row ``cu[1:] - 1``, mean =
-per-sequence sum / length. Finalization (``finalize``) follows the Matryoshka recipe of
-Kusupati et al. 2022 / sentence-transformers' ``truncate_dim``: slice to ``dimensions`` first,
-then L2-normalize.
+Pooling acts on packed hidden states, the segment id of each token and ``cu_seqlens``
+(sentence-transformers' ``Pooling`` semantics, without padding): CLS = row ``cu[:-1]``, last
+token = row ``cu[1:] - 1``, mean = per-sequence sum / length. One implementation per mode, the
+graph-safe one, picked once per engine by ``pooler(mode)``. Finalization (``finalize``) follows
+the Matryoshka recipe of Kusupati et al. 2022 / sentence-transformers' ``truncate_dim``: slice
+to ``dimensions`` first, then L2-normalize.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -21,45 +22,50 @@ if TYPE_CHECKING:
 
 POOLINGS = ("cls", "mean", "last")
 
+# A pooling function: hidden [T, D] (any float dtype), seg_ids [T] int32 (sequence index of each
+# token; padding tokens carry B, a row that is dropped), cu_seqlens [B+1] int32 → [B, D] float32.
+# Graph-safe: no data-dependent shapes and no host syncs, so it is captured in CUDA graphs; the
+# CPU runs the same functions on the same packed inputs. Empty sequences (padding slots, length 0)
+# give a row the caller discards.
+PoolFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
-def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Tensor:
-    """hidden [T, D] (any float dtype), cu_seqlens [B+1] int32 → [B, D] float32.
 
-    Raises ValueError for an unknown mode. Empty sequences (padding slots, length 0) pool to 0
-    for ``mean``; their rows are discarded by the caller.
-    """
+def pool_cls(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Row ``cu[:-1]`` (the first token) of each sequence."""
     import torch
 
-    cu = cu_seqlens.to(torch.int64)
-    if mode == "cls":
-        return hidden[cu[:-1].clamp(max=hidden.shape[0] - 1)].float()
-    if mode == "last":
-        return hidden[(cu[1:] - 1).clamp(min=0)].float()
-    if mode == "mean":
-        lengths = cu[1:] - cu[:-1]  # [B]
-        seg = torch.repeat_interleave(
-            torch.arange(lengths.shape[0], device=hidden.device), lengths, output_size=hidden.shape[0]
-        )
-        sums = torch.zeros(lengths.shape[0], hidden.shape[1], device=hidden.device, dtype=torch.float32)
-        sums.index_add_(0, seg, hidden.float())
-        return sums / lengths.clamp(min=1).unsqueeze(1).to(torch.float32)
-    raise ValueError(f"unknown pooling {mode!r}; choose one of {POOLINGS}")
+    return hidden[cu_seqlens[:-1].to(torch.int64).clamp(max=hidden.shape[0] - 1)].float()
 
 
-def pool_static(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Tensor:
-    """Like ``pool`` but graph-safe: hidden [T, D], seg_ids [T] int32/int64 (sequence index of
-    each token; padding tokens carry B, a row that is dropped), cu_seqlens [B+1] → [B, D] float32.
-    No data-dependent shapes and no host syncs, so it can be captured in a CUDA graph."""
+def pool_last(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Row ``cu[1:] - 1`` (the last token) of each sequence."""
     import torch
 
-    if mode != "mean":
-        return pool(hidden, cu_seqlens, mode)
+    return hidden[(cu_seqlens[1:].to(torch.int64) - 1).clamp(min=0)].float()
+
+
+def pool_mean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sum of rows (float32, summed into row ``seg_ids[t]``) / length."""
+    import torch
+
     cu = cu_seqlens.to(torch.int64)
     n = cu.shape[0] - 1
     lengths = (cu[1:] - cu[:-1]).clamp(min=1).unsqueeze(1).to(torch.float32)
     sums = torch.zeros(n + 1, hidden.shape[1], device=hidden.device, dtype=torch.float32)
     sums.index_add_(0, seg_ids.to(torch.int64), hidden.float())
     return sums[:n] / lengths
+
+
+_POOLERS: dict[str, PoolFn] = {"cls": pool_cls, "mean": pool_mean, "last": pool_last}
+
+
+def pooler(mode: str) -> PoolFn:
+    """The pooling function of ``mode`` (one of POOLINGS), chosen once when the engine loads.
+
+    Raises ValueError for an unknown mode."""
+    if mode not in _POOLERS:
+        raise ValueError(f"unknown pooling {mode!r}; choose one of {POOLINGS}")
+    return _POOLERS[mode]
 
 
 def finalize(vectors: np.ndarray, normalize: bool, dimensions: int | None) -> np.ndarray:

@@ -29,8 +29,7 @@ from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
 from bouquet.server.service import InferenceService
 
 if TYPE_CHECKING:
-    from bouquet.engine.engine import Engine
-    from bouquet.engine.noop import NoopEngine
+    from bouquet.engine.contract import StepEngine
 
 log = logging.getLogger("bouquet.server")
 
@@ -90,7 +89,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
         loop.add_signal_handler(sig, stop.set)
     engine = await asyncio.to_thread(build_engine, cfg, spec, device)
     await asyncio.to_thread(engine.warmup)
-    service.attach(engine, engine.info)
+    service.attach(engine)
     # Everything allocated so far (torch, the model, graphs) lives as long as the process: keep it
     # out of every later garbage collection, whose full passes otherwise scan it again and again.
     gc.collect()
@@ -106,7 +105,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     engine.shutdown()
 
 
-def build_engine(cfg: ServeConfig, spec: ModelSpec, device: str | None) -> "Engine | NoopEngine":
+def build_engine(cfg: ServeConfig, spec: ModelSpec, device: str | None) -> "StepEngine":
     """The replica's engine: the model on ``device`` (or the config's), or the no-op engine."""
     if cfg.engine == "noop":
         from bouquet.engine.noop import NoopEngine

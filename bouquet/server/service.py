@@ -3,7 +3,8 @@
 The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (``engine.step``
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
 so the asyncio loop keeps serving gRPC. Cheap steps (a CUDA-graph replay, the no-op engine) run on
-the loop: no thread hop to launch them. What this module does not own: batching policy
+the loop: no thread hop to launch them. The engine is anything implementing
+``bouquet.engine.contract.StepEngine``. What this module does not own: batching policy
 (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
@@ -15,12 +16,14 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 import grpc
 import numpy as np
 
 from bouquet.config import ServeConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.contract import ResultHandle, StepEngine
 from bouquet.engine.pooling import finalize
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
@@ -28,15 +31,6 @@ from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatc
 from bouquet.server.stats import ReplicaStats
 
 log = logging.getLogger(__name__)
-
-
-class StepEngine(Protocol):
-    """What the service needs from an engine (the real one, or a fake in tests)."""
-
-    def step(self, batch: Any) -> Any: ...  # returns an object with .wait() -> np.ndarray [B, D]
-    # Optional: ``inline_step = True`` (every step costs next to nothing) or ``replays(batch)``
-    # (this step is a captured CUDA-graph replay): such steps are called on the event loop, not a
-    # helper thread. Handles with ``ready()`` true are read on the loop too.
 
 
 class RequestError(Exception):
@@ -87,19 +81,12 @@ def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarr
     return decode_sequences(req.input_ids, req.lengths, req.token_type_ids, spec)
 
 
-def _is_ready(handle: Any) -> bool:
-    """True when ``handle.wait()`` would return at once (handles without ``ready()`` never are)."""
-    ready = getattr(handle, "ready", None)
-    return ready is not None and bool(ready())
-
-
 class InferenceService:
     """Implements ``bouquet.v1.Inference`` (see bouquet/proto/bouquet.proto)."""
 
     def __init__(self, cfg: ServeConfig, spec: ModelSpec, max_batch_tokens: int, depth: int = 1) -> None:
         self.cfg, self.spec = cfg, spec
         self.engine: StepEngine | None = None
-        self.engine_info: Any = None
         self.scheduler = Scheduler(max(max_batch_tokens, spec.max_seq_length), cfg.max_batch_seqs, cfg.max_queue_tokens)
         self.depth = depth
         self.ready = False
@@ -111,18 +98,20 @@ class InferenceService:
         self.stats = ReplicaStats()
         self.completed_requests = 0
 
-    def attach(self, engine: StepEngine, info: Any = None) -> None:
-        self.engine, self.engine_info = engine, info
+    def attach(self, engine: StepEngine) -> None:
+        """Start serving with ``engine`` (loaded and warmed up)."""
+        self.engine = engine
         self.ready = True
         self._wake.set()
 
     # ---- RPCs ---------------------------------------------------------------------------
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoReply:
-        s, e = self.spec, self.engine_info
+        s = self.spec
+        e = self.engine.info if self.engine is not None else None  # None while the model loads
         reply = pb.InfoReply(
             model_id=s.model_id, architecture=s.architecture, task=s.task, dimension=s.dimension,
-            max_seq_length=s.max_seq_length, device=getattr(e, "device", ""), dtype=getattr(e, "dtype", ""),
-            ready=self.ready and not self.draining, attention=getattr(e, "attention", ""),
+            max_seq_length=s.max_seq_length, device=e.device if e else "", dtype=e.dtype if e else "",
+            ready=self.ready and not self.draining, attention=e.attention if e else "",
             pending_tokens=self.scheduler.pending_tokens, max_batch_tokens=self.scheduler.max_batch_tokens,
             pid=os.getpid(), completed_requests=self.completed_requests,
         )
@@ -213,14 +202,11 @@ class InferenceService:
         return np.ascontiguousarray(rows, dtype="<f4")
 
     # ---- engine loop ----------------------------------------------------------------------
-    def _inline(self, batch: Any) -> bool:
+    def _inline(self, engine: StepEngine, batch: Batch) -> bool:
         """Whether ``engine.step(batch)`` is cheap enough to call on the event loop: the no-op
         engine (``inline_step``), or a CUDA-graph replay of a captured bucket (``replays``), whose
-        ~0.1 ms of host work costs less than two thread handoffs."""
-        if getattr(self.engine, "inline_step", False):
-            return True
-        replays = getattr(self.engine, "replays", None)
-        return bool(replays is not None and replays(batch))
+        host work costs less than two thread handoffs."""
+        return engine.inline_step or engine.replays(batch)
 
     async def run(self) -> None:
         """Form batches and drive the engine until cancelled.
@@ -228,25 +214,25 @@ class InferenceService:
         A cheap step (``_inline``) is launched on the loop, any other in a helper thread; a
         finished handle is read on the loop, a running one waited for in a helper thread, except
         a graph replay with nothing else queued or in flight, waited for on the loop (nothing could
-        run meanwhile; the two thread hops cost ~0.1 ms of a small model's batch-1 latency).
-        Measured on the H200 (bench/results/h200-2026-11-30b/README.md): a loop that polled the
-        device with ``sleep(0)`` starved gRPC's own thread of the GIL, and launching work that
-        arrives during a wait at once (instead of after it) measured 3-10% lower served bge-base
-        100 × 512 throughput in an A/B; neither is done.
+        run meanwhile, and the two thread hops are much of a small model's batch-1 latency).
+        Tried on the H200 and not done (bench/results/h200-2026-11-30b/README.md): a loop that
+        polled the device with ``sleep(0)`` starved gRPC's own thread of the GIL, and launching
+        work that arrives during a wait at once (instead of after it) lowered served throughput.
         """
         loop = asyncio.get_running_loop()
-        inflight: deque[tuple[ScheduledBatch, Any, float]] = deque()
+        inflight: deque[tuple[ScheduledBatch, ResultHandle, float]] = deque()
         while True:
-            sb = None
-            if self.engine is not None and len(inflight) < self.depth:
+            engine, sb = self.engine, None
+            if engine is not None and len(inflight) < self.depth:
                 sb = self.scheduler.next_batch()
             if sb is not None:
+                assert engine is not None
                 t_launch = time.perf_counter()
                 try:
-                    if self._inline(sb.batch):
-                        handle = self.engine.step(sb.batch)  # type: ignore[union-attr]
+                    if self._inline(engine, sb.batch):
+                        handle = engine.step(sb.batch)
                     else:
-                        handle = await loop.run_in_executor(self._step_pool, self.engine.step, sb.batch)  # type: ignore[union-attr]
+                        handle = await loop.run_in_executor(self._step_pool, engine.step, sb.batch)
                 except Exception as e:  # noqa: BLE001 - one bad batch must not stop the replica
                     log.exception("engine step failed")
                     self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
@@ -254,14 +240,15 @@ class InferenceService:
                 inflight.append((sb, handle, t_launch))
                 continue
             if inflight:
+                assert engine is not None  # batches are in flight only once an engine is attached
                 sb0, h, t0 = inflight.popleft()
                 try:
-                    if _is_ready(h):  # nothing to block on (CPU engine, finished CUDA event): no thread hop
+                    if h.ready():  # nothing to block on (CPU engine, finished CUDA event): no thread hop
                         rows = h.wait()
-                    elif not inflight and not self.scheduler.has_pending() and self._inline(sb0.batch):
+                    elif not inflight and not self.scheduler.has_pending() and self._inline(engine, sb0.batch):
                         # Idle but for this graph replay (bounded: at most --graph-max-tokens): wait
                         # on the loop. Nothing could be launched meanwhile, and two thread hops
-                        # (~0.1 ms) are the largest part of a small model's served batch-1 latency.
+                        # are the largest part of a small model's served batch-1 latency.
                         rows = h.wait()
                     else:
                         rows = await loop.run_in_executor(self._wait_pool, h.wait)

@@ -11,6 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from bouquet.engine.contract import StepEngine
 from bouquet.proto import bouquet_pb2 as pb
 
 # Tokens per engine step: the CUDA-graph buckets (multiples of 64 to 1,024, of 256 above) fall in these.
@@ -54,16 +55,17 @@ class ReplicaStats:
         self.batch_sequences.observe(sequences)
         self.step_seconds_sum += seconds
 
-    def fill(self, reply: pb.InfoReply, scheduler: Any, engine: Any, inflight_requests: int) -> pb.InfoReply:
+    def fill(self, reply: pb.InfoReply, scheduler: Any, engine: StepEngine | None,
+             inflight_requests: int) -> pb.InfoReply:
         """Copy the counters into ``reply``. ``scheduler.stats`` has batches/sequences/tokens/
-        cancelled_seqs; an engine with CUDA graphs exposes ``graph_captures``/``graph_replays``
-        (read with defaults, since the eager engine has neither)."""
+        cancelled_seqs; the engine (None while the model loads) counts its CUDA-graph captures
+        and replays (``contract.StepEngine``; 0 on the CPU, with --enforce-eager, or no-op)."""
         s = scheduler.stats
         reply.inflight_requests = inflight_requests
         reply.batches, reply.batch_sequences, reply.batch_tokens = s.batches, s.sequences, s.tokens
         reply.cancelled_sequences = s.cancelled_seqs
-        reply.graph_captures = int(getattr(engine, "graph_captures", 0) or 0)
-        reply.graph_replays = int(getattr(engine, "graph_replays", 0) or 0)
+        reply.graph_captures = engine.graph_captures if engine is not None else 0
+        reply.graph_replays = engine.graph_replays if engine is not None else 0
         reply.batch_tokens_le.extend(self.batch_tokens.bounds)
         reply.batch_tokens_cumulative.extend(self.batch_tokens.cumulative())
         reply.batch_sequences_le.extend(self.batch_sequences.bounds)
