@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bouquet.config import GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
 from bouquet.engine.attention import AttentionBackend, select_backend
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
@@ -78,19 +79,16 @@ class GraphOptions:
     ``capture_buckets``, ``bucket_stats_path``). Ignored on the CPU."""
 
     enabled: bool = True
-    max_tokens: int = 8192  # batches whose bucket has more tokens run eagerly
-    max_seqs: int = 512  # sequence slots of the largest bucket
+    max_tokens: int = GRAPH_MAX_TOKENS  # batches whose bucket has more tokens run eagerly
+    max_seqs: int = MAX_BATCH_SEQS  # sequence slots of the largest bucket
     capture: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
     stats_path: str | None = None  # bucket-hit histogram: read at start, written at shutdown
     debug: bool = False  # assert static buffers never move
 
     @classmethod
-    def from_config(cls, cfg: object) -> "GraphOptions":
-        return cls(enabled=not getattr(cfg, "enforce_eager", False),
-                   max_tokens=int(getattr(cfg, "graph_max_tokens", 8192)),
-                   max_seqs=int(getattr(cfg, "max_batch_seqs", 512)),
-                   capture=tuple(getattr(cfg, "capture_buckets", ()) or ()),
-                   stats_path=getattr(cfg, "bucket_stats_path", None))
+    def from_config(cls, cfg: ServeConfig) -> "GraphOptions":
+        return cls(enabled=not cfg.enforce_eager, max_tokens=cfg.graph_max_tokens, max_seqs=cfg.max_batch_seqs,
+                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path)
 
 
 class Engine:
