@@ -164,7 +164,7 @@ class Engine:
         """Eager forward of a packed batch → [B, out_dim] float32 on the engine's device. CPU and
         CUDA alike: the graph path's packed int32 inputs (``graphs.pack_inputs``, no padding
         here) through ``_forward_packed``; on the CPU ``.to`` is a no-op."""
-        host = pack_inputs(batch, batch.num_tokens, batch.num_seqs)
+        host = pack_inputs(batch, batch.num_tokens, batch.num_seqs, pin=self.device.type == "cuda")
         ids, pos, tt, seg, cu = input_views(host.to(self.device, non_blocking=True), batch.num_tokens, batch.num_seqs)
         uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
         return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)

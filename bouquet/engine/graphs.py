@@ -44,11 +44,12 @@ def packed_size(tokens: int, seqs: int) -> int:
     return 4 * tokens + seqs + 1
 
 
-def pack_inputs(batch: Batch, tokens: int, seqs: int) -> torch.Tensor:
-    """Batch → pinned int32 [4·tokens + seqs + 1] in the layout above (tokens ≥ batch tokens,
-    seqs ≥ batch sequences; equal for an eager batch). Pinned so the H2D copy is truly async."""
+def pack_inputs(batch: Batch, tokens: int, seqs: int, pin: bool = True) -> torch.Tensor:
+    """Batch → int32 [4·tokens + seqs + 1] in the layout above (tokens ≥ batch tokens, seqs ≥
+    batch sequences; equal for an eager batch). Pinned (when ``pin`` and CUDA is present) so the
+    H2D copy is truly async; the CPU engine, which copies nothing, passes ``pin=False``."""
     t, b = batch.num_tokens, batch.num_seqs
-    host = torch.empty(packed_size(tokens, seqs), dtype=torch.int32, pin_memory=torch.cuda.is_available())
+    host = torch.empty(packed_size(tokens, seqs), dtype=torch.int32, pin_memory=pin and torch.cuda.is_available())
     h = host.numpy()
     T = tokens
     h[:4 * T] = 0
