@@ -8,7 +8,7 @@ lengths are exact), then measures
   * job: the whole `bouquet embed` pipeline (JSONL read, tokenization, engine, Parquet write)
     with the same, already warm engine;
 and prints both, their ratio, and writes them as JSON to OUT_JSON. ``--noop`` adds the host-side
-ceiling: the same job with a no-op engine (bouquet/engine/noop.py: unit vectors at once), i.e. read +
+ceiling: the same job with a no-op engine (bench/noop_engine.py: zero vectors at once), i.e. read +
 tokenize + pack + write alone; ``--sweep-threads 2,4,8`` repeats the job(s) per tokenizer-thread count
 with the same warm engine; ``--host-only`` skips the real engine (a CPU-only machine).
 
@@ -29,16 +29,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # run as a script from any folder
 from bouquet.bench.meta import source_commit  # noqa: E402
-sys.path.insert(0, str(REPO))
-
 from bouquet.jobs.embed_job import EmbedJobConfig  # noqa: E402
 
 
 def write_mixed(path: Path, rows: int, min_tokens: int, max_tokens: int, seed: int) -> Path:
     """JSONL rows {"id", "text"} whose token counts (with [CLS]/[SEP]) are uniform in [min, max]."""
-    from bench.embed_stream import word_list
+    from bouquet.bench.stream import word_list
 
     rng = random.Random(seed)
     words = word_list()
@@ -106,9 +104,9 @@ def main() -> None:
     a.noop = a.noop or a.host_only
     import torch
 
-    from bench.tiny_bert import build_random_bert
+    from bench.noop_engine import NoopEngine
+    from bouquet.bench.models import SHAPES, TINY_BERT, make_model_dir
     from bouquet.engine.engine import resolve_device, resolve_dtype
-    from bouquet.engine.noop import NoopEngine
     from bouquet.tokenization import TextTokenizer
     from bouquet.config import batch_token_budget
     from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, reserve_cores_for_engine,
@@ -120,7 +118,7 @@ def main() -> None:
     sweep = [int(n) for n in a.sweep_threads.split(",") if n.strip()]
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="embed-gpu-"))
     shape = "tiny" if a.tiny else "bge-base"
-    model_dir = build_random_bert(work / f"random-{shape}", shape)
+    model_dir = make_model_dir(TINY_BERT if a.tiny else SHAPES["bge-base"], work)
     src = write_mixed(work / "mixed.jsonl", rows, a.min_tokens, a.max_tokens, a.seed)
     spec = load_spec(str(model_dir))
     if a.device == "cpu":
@@ -132,7 +130,7 @@ def main() -> None:
         engine.warmup()
     # A modelled device is pipelined as the job pipelines CUDA (one batch in flight ahead).
     noop_device = torch.device("cuda") if a.host_only and a.simulate_rows_per_s > 0 else device
-    noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s, random_rows=True)
+    noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s)
     budget = batch_token_budget(a.max_batch_tokens, device.type, spec.max_seq_length)
     res: dict[str, object] = {
         "commit": source_commit(REPO),

@@ -220,9 +220,9 @@ def main() -> None:
     if a.random_model:
         import tempfile
 
-        from bench.tiny_bert import build_random_bert
+        from bouquet.bench.models import SHAPES, make_model_dir
 
-        model_args = ["--model", str(build_random_bert(Path(tempfile.mkdtemp(prefix="gw-overhead-")) / "minilm", "minilm"))]
+        model_args = ["--model", str(make_model_dir(SHAPES["minilm"], Path(tempfile.mkdtemp(prefix="gw-overhead-"))))]
     spec = load_spec(model_args[1] if model_args else None)
     ids = TextTokenizer(spec).encode([TEXT]).ids[0].tolist()
     env = environment()

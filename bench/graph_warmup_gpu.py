@@ -75,7 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_json")
     ap.add_argument("--shape", default="qwen3-0.6b")
-    ap.add_argument("--tokenizer", default=str(REPO / "bench" / "assets" / "tokenizer.json"))
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded MiniLM's)")
     ap.add_argument("--models-root", default="/tmp/models")
     ap.add_argument("--lengths", default="16,100,128,300,512,1000,2048")
     ap.add_argument("--warm", type=int, default=14, help="requests in the warm-up phase (2 per length)")
@@ -85,7 +85,7 @@ def main() -> None:
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
 
-    spec = load_spec(str(make_model_dir(SHAPES[a.shape], Path(a.models_root), Path(a.tokenizer))))
+    spec = load_spec(str(make_model_dir(SHAPES[a.shape], Path(a.models_root), Path(a.tokenizer) if a.tokenizer else None)))
     lengths = [n for n in (int(x) for x in a.lengths.split(",")) if n <= spec.max_seq_length]
     res: dict = {"commit": source_commit(REPO), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "shape": a.shape, "lengths": lengths}

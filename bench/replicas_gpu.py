@@ -29,44 +29,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-SHAPES = {
-    "bge-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
-}
-
-
-def build_model_dir(root: Path, shape: str) -> Path:
-    """config.json + random model.safetensors (parameter names from bouquet's own BertModel) +
-    the embedded MiniLM tokenizer.json (same BERT WordPiece vocabulary, 30,522 ids)."""
-    import torch
-    from safetensors.torch import save_file
-
-    from bouquet.engine.attention import select_backend
-    from bouquet.engine.models.bert import BertModel
-    from bouquet.modelspec import resolve_model_path
-
-    cfg = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "max_position_embeddings": 512,
-           "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu", "pad_token_id": 0,
-           "bouquet": {"pooling": "cls"}, **SHAPES[shape]}
-    out = root / f"bert-{shape}-random"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    shutil.copy(resolve_model_path(None) / "tokenizer.json", out / "tokenizer.json")
-    with torch.device("meta"):
-        model = BertModel(cfg, select_backend(torch.device("cpu"), torch.float32))
-    gen = torch.Generator().manual_seed(0)
-    state = {}
-    for name, p in model.state_dict().items():
-        if name.endswith("LayerNorm.weight"):
-            t = torch.ones(p.shape)
-        elif name.endswith("bias"):
-            t = torch.zeros(p.shape)
-        else:
-            t = torch.randn(p.shape, generator=gen) * 0.02  # BERT's initializer range
-        state[name] = t.to(torch.bfloat16)
-    save_file(state, str(out / "model.safetensors"))
-    return out
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -154,7 +116,10 @@ def main() -> None:
     args.gateway_workers = args.gateway_workers or (4 if args.device == "cuda" else 1)
     shape = "tiny" if args.tiny else "bge-base"
     work = Path(tempfile.mkdtemp(prefix="bouquet-replicas-"))
-    model = build_model_dir(work, shape)
+    from bouquet.bench.models import SHAPES, make_model_dir, tiny
+
+    bge = SHAPES["bge-base"]
+    model = make_model_dir(tiny(bge, layers=2, hidden=128, heads=2, intermediate=512) if args.tiny else bge, work)
     res: dict[str, object] = {"shape": shape, "device": args.device, "clients": args.clients, "batch": args.batch,
                               "seq_len": args.seq_len, "seconds": args.seconds, "gateway_workers": args.gateway_workers}
     for n in (1, 2):

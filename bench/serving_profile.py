@@ -93,9 +93,9 @@ def main() -> None:
     if a.random_model:
         import tempfile
 
-        from bench.tiny_bert import build_random_bert
+        from bouquet.bench.models import SHAPES, make_model_dir
 
-        model_args = ["--model", str(build_random_bert(Path(tempfile.mkdtemp(prefix="prof-")) / "minilm", "minilm"))]
+        model_args = ["--model", str(make_model_dir(SHAPES["minilm"], Path(tempfile.mkdtemp(prefix="prof-"))))]
     env = environment()
     srv = BouquetProcess("--engine", a.engine, "--log-level", "warning", "--gateway-workers", str(a.gateway_workers),
                          *model_args, *a.serve_arg, env={"TOKENIZERS_PARALLELISM": "false"}, device=a.device)

@@ -1,4 +1,5 @@
-"""Helpers for the reliability tests (issue 8): error-shape checks, RSS reads, child processes."""
+"""Helpers for the reliability tests (issue 8): error-shape checks; RSS reads and child processes
+come from bouquet/bench/procs.py (the load and soak clients read them too)."""
 from __future__ import annotations
 
 import base64
@@ -7,6 +8,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from bouquet.bench.procs import child_pids, rss_kb  # noqa: F401  (the tests import them from here)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,16 +47,3 @@ def any_error_shape(path: str, body: Any) -> None:
 
 def decode_b64(s: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype="<f4")
-
-
-def rss_kb(pid: int) -> int:
-    """Resident set size of a process in kB (``VmRSS`` of /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def child_pids(pid: int) -> list[int]:
-    p = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(x) for x in p.read_text().split()] if p.exists() else []

@@ -25,12 +25,11 @@ import pytest
 
 from bouquet.jobs.writer import MANIFEST, read_output
 
-REPO = Path(__file__).resolve().parents[1]
-from helpers import STS_DIR as STSB  # noqa: E402
-sys.path.insert(0, str(REPO))  # for bench/ helpers
+from bouquet.bench.models import TINY_BERT, make_model_dir
+from bouquet.bench.stream import run_job, write_synthetic
+from helpers import STS_DIR as STSB
 
-from bench.embed_stream import run_job, write_synthetic  # noqa: E402
-from bench.tiny_bert import build_random_bert  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:
@@ -170,7 +169,7 @@ def test_ray_path_gives_the_same_output(stsb_input: Path, stsb_output: pa.Table,
 
 
 def test_streaming_20k_rows_stays_under_a_fixed_memory_bound(tmp_path: Path) -> None:
-    model = build_random_bert(tmp_path / "tiny", "tiny")
+    model = make_model_dir(TINY_BERT, tmp_path)
     src = write_synthetic(tmp_path / "docs.jsonl", 20_000)
     res = run_job([str(src), "--output", str(tmp_path / "out"), "--model", str(model), "--device", "cpu",
                    "--shard-rows", "2000", "--no-progress"])

@@ -2,18 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Iterator
 
 import pytest
 
-from helpers import REPO, BouquetProcess
-from reliability import child_pids
-
-sys.path.insert(0, str(REPO / "bench"))
-
-from load_cpu import reference_vectors, run_load, summary, text_pool, verdict  # noqa: E402
-from soak_cpu import growth_mb, short_pool, soak  # noqa: E402
+from bouquet.bench.load import growth_mb, reference_vectors, run_load, short_pool, soak, summary, text_pool, verdict
+from bouquet.bench.procs import child_pids
+from helpers import BouquetProcess
 
 
 @pytest.fixture(scope="module")

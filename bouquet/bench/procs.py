@@ -35,3 +35,18 @@ def tree_pids(pid: int) -> list[int]:
         out.append(p)
         todo += children.get(p, [])
     return out
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of ``pid`` (empty when it has none or has exited)."""
+    p = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in p.read_text().split()] if p.exists() else []
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process in kB (``VmRSS`` of /proc/PID/status). Raises
+    FileNotFoundError when it has exited, RuntimeError when it has no VmRSS (a zombie)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")

@@ -1,7 +1,7 @@
 """Small requests that reach the gateway together go to a replica as one ``Embed`` call.
 
 (Tokenizing their texts in one call too was tried and measured: per text it costs the same CPU
-as one call each, bench/probe_tokenizer.py; only the wall time drops, when the tokenizer's own
+as one call each, bench/probes/probe_tokenizer.py; only the wall time drops, when the tokenizer's own
 threads run, and they are off in multi-worker gateways.)
 
 A gRPC call from Python costs about as much CPU as the rest of a small request's path (HTTP

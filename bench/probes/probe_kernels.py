@@ -1,6 +1,6 @@
 """Measure before fusing: where bge-base's time goes on the GPU, and what candidate fusions save.
 
-Usage (GPU): python3 bench/probe_kernels.py MODEL_DIR OUT_JSON. Prints and writes ms per call.
+Usage (GPU): python3 bench/probes/probe_kernels.py MODEL_DIR OUT_JSON. Prints and writes ms per call.
 - host overhead of Engine.step at batch 1 (return time, replay GPU time, end-to-end wait)
 - bias+GELU: linear then gelu vs the cuBLASLt epilogue (torch._addmm_activation, tanh GELU)
 - residual add + LayerNorm: eager vs torch.compile (dynamic shapes), plus compile seconds

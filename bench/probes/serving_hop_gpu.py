@@ -7,7 +7,7 @@ For one shape and one length, sequential requests, p50 in ms:
     time for those calls (from ``Info``'s step counters);
   * ``noop-embed``: ``Embed`` on a replica with ``--engine noop`` (everything but the model).
 
-Usage (GPU): python3 bench/serving_hop_gpu.py OUT_JSON [--shape bge-base] [--length 128] [-n 600]
+Usage (GPU): python3 bench/probes/serving_hop_gpu.py OUT_JSON [--shape bge-base] [--length 128] [-n 600]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from bouquet.bench.meta import source_commit  # noqa: E402
 
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("-n", type=int, default=600)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tokenizer", default=str(REPO / "bench" / "assets" / "tokenizer.json"))
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded MiniLM's)")
     a = ap.parse_args()
     import torch
 
@@ -71,7 +71,7 @@ def main() -> None:
     from bouquet.engine.engine import Engine
     from bouquet.modelspec import load_spec
 
-    model_dir = make_model_dir(SHAPES[a.shape], Path("/tmp/models"), Path(a.tokenizer))
+    model_dir = make_model_dir(SHAPES[a.shape], Path("/tmp/models"), Path(a.tokenizer) if a.tokenizer else None)
     seqs = [np.random.default_rng(0).integers(1000, 30000, size=a.length, dtype=np.int32)]
     gpu = torch.cuda.get_device_name() if a.device == "cuda" else None
     res: dict = {"commit": source_commit(REPO), "gpu": gpu, "shape": a.shape,

@@ -2,7 +2,7 @@
 wall and CPU time, with the library's own threads (TOKENIZERS_PARALLELISM unset) or without
 (``=false``, as in multi-worker gateways).
 
-    python bench/probe_tokenizer.py; TOKENIZERS_PARALLELISM=false python bench/probe_tokenizer.py
+    python bench/probes/probe_tokenizer.py; TOKENIZERS_PARALLELISM=false python bench/probes/probe_tokenizer.py
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.queries_sweep import read_sts  # noqa: E402
 from bouquet.modelspec import load_spec  # noqa: E402

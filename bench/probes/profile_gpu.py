@@ -1,6 +1,6 @@
 """Where the GPU time goes, with and without the fused kernels of ``bouquet/engine/ops.py``.
 
-Usage (GPU): python3 bench/profile_gpu.py OUT_DIR [--shapes qwen3-0.6b bge-base] [--tokenizer T]
+Usage (GPU): python3 bench/probes/profile_gpu.py OUT_DIR [--shapes qwen3-0.6b bge-base] [--tokenizer T]
 Writes OUT_DIR/profile.json and OUT_DIR/profile.txt. For each model shape (random weights, bf16)
 and for ``fused`` (Triton kernels on) and ``unfused`` (the PyTorch fallbacks, i.e. the previous
 code path):
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.probe_kernels import gpu_ms  # noqa: E402
+from bench.probes.probe_kernels import gpu_ms  # noqa: E402
 
 
 def kernel_table(fn, top: int = 18) -> tuple[int, float, list[list]]:  # type: ignore[no-untyped-def]
@@ -162,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "bge-base"])
-    ap.add_argument("--tokenizer", default=str(REPO / "bench" / "assets" / "tokenizer.json"))
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded MiniLM's)")
     ap.add_argument("--models-root", default="/tmp/models")
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
@@ -177,7 +177,7 @@ def main() -> None:
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "attention": attention_probe()}
     print(json.dumps(res["attention"], indent=1), flush=True)
     for name in a.shapes:
-        spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root), Path(a.tokenizer))))
+        spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root), Path(a.tokenizer) if a.tokenizer else None)))
         for fused in (True, False):
             ops._fused = real_fused if fused else (lambda x: None)  # type: ignore[assignment]
             engine = Engine(spec, "cuda", "bfloat16")

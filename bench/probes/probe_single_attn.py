@@ -6,7 +6,7 @@ Today it runs FlashAttention-2 varlen with cu_seqlens = [0, n, n]. The candidate
 causal single-slot buckets already do without a mask. Measures ms per call for each backend, checks
 the real rows against varlen, and checks that each candidate can be captured in a CUDA graph.
 
-Usage (GPU): python3 bench/probe_single_attn.py OUT_JSON
+Usage (GPU): python3 bench/probes/probe_single_attn.py OUT_JSON
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.probe_kernels import gpu_ms  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.probes.probe_kernels import gpu_ms  # noqa: E402
 
 
 def graph_ms(fn) -> float | str:  # type: ignore[no-untyped-def]
