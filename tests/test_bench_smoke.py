@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("transformers")
+# The benchmark tool, not the server: servers and the transformers baseline start per test.
+pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:

@@ -154,6 +154,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_rows(stsb_input: Path, stsb_
     assert bad.returncode == 2 and "shard_rows" in bad.stderr
 
 
+@pytest.mark.slow  # starts a local Ray cluster
 def test_ray_path_gives_the_same_output(stsb_input: Path, stsb_output: pa.Table, tmp_path: Path) -> None:
     out = tmp_path / "ray"
     run_embed(str(stsb_input), "--output", str(out), "--device", "cpu", "--ray", "--workers", "2", timeout=400)
@@ -168,6 +169,7 @@ def test_ray_path_gives_the_same_output(stsb_input: Path, stsb_output: pa.Table,
     assert cos.min() >= 0.99999
 
 
+@pytest.mark.slow
 def test_streaming_20k_rows_stays_under_a_fixed_memory_bound(tmp_path: Path) -> None:
     model = make_model_dir(TINY_BERT, tmp_path)
     src = write_synthetic(tmp_path / "docs.jsonl", 20_000)

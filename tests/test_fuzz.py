@@ -22,6 +22,7 @@ def operations(url: str) -> list:
     return [r.ok() for r in schema.get_all_operations()]
 
 
+@pytest.mark.slow
 def test_schemathesis_no_5xx_documented_error_shape(minilm_server):
     # Driven through hypothesis directly: schemathesis' pytest plugin does not support pytest 9 yet.
     from hypothesis import HealthCheck, given, settings

@@ -1,5 +1,6 @@
-"""Small concurrent requests share gRPC calls in the gateway (gateway/coalesce.py): each still gets
-exactly its own rows, with its own `dimensions` and `normalize`, as when sent alone."""
+"""Small concurrent requests share calls to the replica in the gateway (gateway/coalesce.py): fewer
+calls than requests reach the replica, and each request still gets exactly its own rows, with its
+own `dimensions` and `normalize`, as when sent alone."""
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +11,31 @@ import numpy as np
 from helpers import BouquetProcess
 
 
+def calls_to_replicas(server: BouquetProcess) -> int:
+    """Calls to the replicas that returned vectors so far, as the gateway counts them (``chunks``
+    of each replica on /health; one gateway worker, so one count)."""
+    return sum(r["chunks"] for r in httpx.get(server.url + "/health", timeout=10).json()["replicas"])
+
+
 def test_concurrent_small_requests_get_their_own_rows(minilm_server: BouquetProcess) -> None:
     options = [{}, {"dimensions": 128}, {"normalize": False}, {"dimensions": 256, "normalize": False}]
     bodies = [{"input": [f"request {i} sentence {j} about rivers" for j in range(1 + i % 3)], **options[i % 4]}
               for i in range(32)]
+    before = calls_to_replicas(minilm_server)
     alone = [minilm_server.vectors(b["input"], **{k: v for k, v in b.items() if k != "input"}) for b in bodies]
+    after_alone = calls_to_replicas(minilm_server)
+    assert after_alone - before == len(bodies)  # one call per request when nothing arrives alongside
 
     async def together() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
             return await asyncio.gather(*(client.post(minilm_server.url + "/v1/embeddings", json=b) for b in bodies))
 
-    for body, ref, r in zip(bodies, alone, asyncio.run(together())):
+    replies = asyncio.run(together())
+    merged = calls_to_replicas(minilm_server) - after_alone
+    # Requests that arrived in the same event-loop iteration shared a call (four option groups, so
+    # at least four calls).
+    assert 4 <= merged < len(bodies), merged
+    for body, ref, r in zip(bodies, alone, replies):
         assert r.status_code == 200, r.text
         got = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
         assert got.shape == ref.shape, body

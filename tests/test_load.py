@@ -10,6 +10,8 @@ from bouquet.bench.load import growth_mb, reference_vectors, run_load, short_poo
 from bouquet.bench.procs import child_pids
 from helpers import BouquetProcess
 
+pytestmark = pytest.mark.slow  # ~1 minute of load and soak; skip locally with -m "not slow"
+
 
 @pytest.fixture(scope="module")
 def pool_refs():

@@ -76,6 +76,7 @@ def two_replicas():
     srv.stop()
 
 
+@pytest.mark.slow
 def test_2000_single_text_queries_from_64_clients(two_replicas, texts, reference):
     assert all(r["transport"] == "ipc" for r in httpx.get(two_replicas.url + "/health").json()["replicas"])
     t0 = time.monotonic()
@@ -98,6 +99,7 @@ def test_queries_over_grpc_transport(texts, reference):
         assert srv.stop() == 0
 
 
+@pytest.mark.slow
 def test_kill_9_one_replica_under_query_load_loses_no_request(texts, reference):
     srv = BouquetProcess("--replicas", "2")
     try:

@@ -166,6 +166,7 @@ async def _load_with_kill(srv: BouquetProcess, texts: list[str], victim_pid: int
     return results, done_before, killed_at
 
 
+@pytest.mark.slow
 def test_kill_9_one_replica_under_200_concurrent_requests(three_replicas, texts, reference):
     replicas = health(three_replicas)["replicas"]
     victim = replicas[0]
