@@ -114,3 +114,24 @@ def test_fcfs_within_class_and_classes_never_mixed():
         assert sb.batch.num_tokens <= 6
         order.append([(r, i) for r, i in sb.owners])
     assert order == [[(q1, 0), (q1, 1)], [(q2, 0)], [(bulk1, 0), (bulk1, 1)], [(bulk2, 0)]]
+
+
+def test_server_and_offline_job_pack_alike():
+    """One packing rule (bouquet/packing.py): the scheduler and the job's packer cut the same
+    arrival-ordered sequences into the same batches, an over-budget one alone."""
+    from bouquet.jobs.packer import Group, Packer
+
+    rng = np.random.default_rng(3)
+    owners = [[seq(int(n)) for n in rng.integers(1, 30, size=int(k))] for k in rng.integers(1, 6, size=40)]
+    owners.insert(7, [seq(90)])  # longer than the budget
+    s, p = Scheduler(max_batch_tokens=64, max_batch_seqs=6), Packer(max_tokens=64, max_seqs=6)
+    for seqs in owners:
+        s.add(Request(seqs, priority=Priority.BATCH))
+        p.add(Group(seqs, None, 2))
+    server, job = [], []
+    while (sb := s.next_batch()) is not None:
+        server.append(sb.batch.cu_seqlens.tolist())
+    while p:
+        job.append(p.take()[0].cu_seqlens.tolist())
+    assert server == job and len(server) > 10
+    assert [0, 90] in server and s.pending_tokens == p.pending_tokens == 0
