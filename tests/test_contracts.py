@@ -83,9 +83,10 @@ def test_noop_engine_models_a_device_and_random_rows() -> None:
 
 
 def test_torch_free_modules_import_no_torch() -> None:
-    """The no-op replica, the contract, the family table and the model spec never load torch."""
-    code = ("import sys, bouquet.engine.noop, bouquet.engine.contract, bouquet.engine.families, bouquet.modelspec; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    """The no-op replica (server process, service, engine), the contract, the family table and the
+    model spec never load torch."""
+    code = ("import sys, bouquet.server.main, bouquet.server.service, bouquet.engine.noop, bouquet.engine.contract, "
+            "bouquet.engine.families, bouquet.modelspec; assert 'torch' not in sys.modules, 'torch was imported'")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
 
