@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bouquet.engine.families import Pooling, architecture_of, family
+from bouquet.engine.families import architecture_of, family
+from bouquet.st_modules import ModuleError, StModules, Step, read_modules
 
 Task = Literal["embed", "score"]
 
@@ -64,7 +65,7 @@ class ModelSpec:
     architecture: str
     config: dict[str, Any]
     task: Task
-    pooling: Pooling
+    pooling: str  # "+"-joined names of engine/pooling.py's POOLINGS ("cls", "mean+max")
     normalize: bool
     max_seq_length: int  # tokens, special tokens included
     dimension: int
@@ -84,31 +85,13 @@ class ModelSpec:
     # placeholders (tokenized as one sequence, no token types).
     pair_template: str | None = None
     default_instruction: str | None = None
+    # sentence-transformers steps after pooling (Dense layers, a Normalize between them), run by
+    # the engine (engine/st_head.py); st_modules.py reads them from modules.json.
+    head_steps: tuple[Step, ...] = ()
 
     @property
     def tokenizer_path(self) -> Path:
         return self.path / "tokenizer.json"
-
-
-def _st_pooling(path: Path, modules: list[dict[str, Any]]) -> tuple[Pooling | None, bool]:
-    pooling: Pooling | None = None
-    normalize = False
-    for m in modules:
-        kind = m.get("type", "")
-        if kind.endswith("models.Pooling"):
-            pc = _read_json(path / m.get("path", "1_Pooling") / "config.json")
-            if pc.get("pooling_mode_cls_token"):
-                pooling = "cls"
-            elif pc.get("pooling_mode_lasttoken"):
-                pooling = "last"
-            elif pc.get("pooling_mode_mean_tokens"):
-                pooling = "mean"
-            else:
-                modes = {k: v for k, v in pc.items() if k.startswith("pooling_mode") and v}
-                raise ModelError(f"unsupported sentence-transformers pooling {modes} in {path}")
-        elif kind.endswith("models.Normalize"):
-            normalize = True
-    return pooling, normalize
 
 
 def is_causal(cfg: dict[str, Any]) -> bool:
@@ -186,14 +169,21 @@ def spec_from_config(
     row = family(arch)
     modules = modules or []
     st_cfg = st_cfg or {}
-    st_pool, st_norm = _st_pooling(path, modules) if path is not None else (None, False)
+    try:
+        st = read_modules(path, modules, int(cfg.get("hidden_size", 0))) if path is not None else StModules()
+    except ModuleError as e:
+        raise ModelError(str(e)) from None
+    if not st.include_prompt:
+        # Leaving the prompt out of pooling needs each sequence's prompt length in the replica
+        # protocol, which it does not carry yet: refuse rather than pool the prompt silently.
+        raise ModelError(f"{path}: 1_Pooling sets include_prompt=false, which bouquet does not support yet")
     bouquet_cfg = cfg.get("bouquet", {})  # optional overrides written by a deployer
     causal = is_causal(cfg)
     lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
     task: Task = "score" if row.score_head or lm_reranker else "embed"
-    pooling: Pooling = st_pool if st_pool is not None else row.default_pooling(causal or lm_reranker)
-    pooling = bouquet_cfg.get("pooling", pooling)
-    normalize = bool(bouquet_cfg.get("normalize", st_norm if modules else task == "embed"))
+    pooling = st.pooling if st.pooling is not None else row.default_pooling(causal or lm_reranker)
+    pooling = str(bouquet_cfg.get("pooling", pooling))
+    normalize = bool(bouquet_cfg.get("normalize", st.normalize if modules else task == "embed"))
 
     max_len = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
     if st_max_seq_length:
@@ -218,7 +208,7 @@ def spec_from_config(
     if task == "score":
         dimension = 1 if yes_no else num_labels
     else:
-        dimension = int(cfg["hidden_size"])
+        dimension = st.dimension or int(cfg["hidden_size"]) * len(pooling.split("+"))
     append_eos = None
     if causal and task == "embed":
         # Qwen3-Embedding pools on <|endoftext|>, which its tokenizer appends; prefer the
@@ -248,6 +238,7 @@ def spec_from_config(
         append_eos_id=append_eos,
         pair_template=pair_template,
         default_instruction=row.default_instruction if lm_reranker else None,
+        head_steps=st.steps,
     )
 
 

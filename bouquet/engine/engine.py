@@ -27,6 +27,7 @@ from bouquet.engine.buckets import Bucket, bucket_for, load_hot
 from bouquet.engine.contract import EngineInfo
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.pooling import pooler
+from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
 from bouquet.modelspec import ModelSpec
@@ -124,6 +125,7 @@ class Engine:
         self.model = model
         self.causal = bool(model.causal)
         self.pool = pooler(spec.pooling)  # chosen once: the same function on every step
+        self.st_head = build_head(spec.head_steps, self.device)  # sentence-transformers Dense layers
         self.out_dim = spec.dimension
         # BERT-style models always get token types (zeros = type 0) so one graph serves pairs and
         # single texts alike; models without them (Qwen3) get None.
@@ -157,7 +159,8 @@ class Engine:
             uniform, max_seqlen = True, ids.shape[0]  # one causal sequence + trailing padding: exact
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
-        return self.model.head(self.pool(hidden, seg, cu)).float()
+        out = self.model.head(self.pool(hidden, seg, cu)).float()
+        return out if self.st_head is None else self.st_head(out)
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:

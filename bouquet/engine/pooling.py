@@ -1,11 +1,14 @@
 """Pooling, normalization and Matryoshka truncation: the one place these live.
 
 Pooling acts on packed hidden states, the segment id of each token and ``cu_seqlens``
-(sentence-transformers' ``Pooling`` semantics, without padding): CLS = row ``cu[:-1]``, last
-token = row ``cu[1:] - 1``, mean = per-sequence sum / length. One implementation per mode, the
-graph-safe one, picked once per engine by ``pooler(mode)``. Finalization (``finalize``) follows
-the Matryoshka recipe of Kusupati et al. 2022 / sentence-transformers' ``truncate_dim``: slice
-to ``dimensions`` first, then L2-normalize.
+(sentence-transformers 6.2's ``Pooling`` semantics, without padding; its flattened-input path
+``_forward_flattened``): CLS = row ``cu[:-1]``, last token = row ``cu[1:] - 1``, mean = per-sequence
+sum / length, mean_sqrt_len = sum / sqrt(length), max = per-sequence elementwise maximum,
+weightedmean = sum of ``(position + 1) * row`` / sum of ``(position + 1)``. One implementation per
+mode, the graph-safe one, picked once per engine by ``pooler(mode)``; several modes joined by "+"
+are concatenated in that order, as sentence-transformers concatenates them. Finalization
+(``finalize``) follows the Matryoshka recipe of Kusupati et al. 2022 / sentence-transformers'
+``truncate_dim``: slice to ``dimensions`` first, then L2-normalize.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ if TYPE_CHECKING:
 # every replica, the no-op one included, whose process would otherwise pay torch's import (~2 s)
 # and carry its ~10^5 extra objects through every garbage collection.
 
-POOLINGS = ("cls", "mean", "last")
+POOLINGS = ("cls", "mean", "last", "max", "mean_sqrt_len", "weightedmean")
 
 # A pooling function: hidden [T, D] (any float dtype), seg_ids [T] int32 (sequence index of each
 # token; padding tokens carry B, a row that is dropped), cu_seqlens [B+1] int32 → [B, D] float32.
@@ -44,8 +47,9 @@ def pool_last(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Ten
     return hidden[(cu_seqlens[1:].to(torch.int64) - 1).clamp(min=0)].float()
 
 
-def pool_mean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Per-sequence sum of rows (float32, summed into row ``seg_ids[t]``) / length."""
+def _segment_sums(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence float32 sums of rows [B, D] (summed into row ``seg_ids[t]``) and lengths
+    [B, 1] float32 (at least 1)."""
     import torch
 
     cu = cu_seqlens.to(torch.int64)
@@ -53,19 +57,72 @@ def pool_mean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Ten
     lengths = (cu[1:] - cu[:-1]).clamp(min=1).unsqueeze(1).to(torch.float32)
     sums = torch.zeros(n + 1, hidden.shape[1], device=hidden.device, dtype=torch.float32)
     sums.index_add_(0, seg_ids.to(torch.int64), hidden.float())
-    return sums[:n] / lengths
+    return sums[:n], lengths
 
 
-_POOLERS: dict[str, PoolFn] = {"cls": pool_cls, "mean": pool_mean, "last": pool_last}
+def pool_mean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sum of rows / length."""
+    sums, lengths = _segment_sums(hidden, seg_ids, cu_seqlens)
+    return sums / lengths
+
+
+def pool_mean_sqrt_len(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sum of rows / sqrt(length) (sentence-transformers' ``mean_sqrt_len_tokens``)."""
+    sums, lengths = _segment_sums(hidden, seg_ids, cu_seqlens)
+    return sums / lengths.sqrt()
+
+
+def pool_max(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-sequence elementwise maximum of the rows (scatter-amax into row ``seg_ids[t]``)."""
+    import torch
+
+    n = cu_seqlens.shape[0] - 1
+    idx = seg_ids.to(torch.int64).unsqueeze(1).expand(-1, hidden.shape[1])
+    out = torch.full((n + 1, hidden.shape[1]), float("-inf"), device=hidden.device, dtype=torch.float32)
+    return out.scatter_reduce_(0, idx, hidden.float(), reduce="amax")[:n]
+
+
+def pool_weightedmean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Rows weighted by their 1-based position in the sequence: sum(w * row) / sum(w)."""
+    import torch
+
+    cu = cu_seqlens.to(torch.int64)
+    seg = seg_ids.to(torch.int64)
+    n = cu.shape[0] - 1
+    # position of token t = t - first token of its sequence; padding tokens (segment n) land in
+    # the dropped row whatever their weight
+    pos = torch.arange(hidden.shape[0], device=hidden.device) - cu[seg]
+    w = (pos + 1).to(torch.float32).unsqueeze(1)  # [T, 1]
+    sums = torch.zeros(n + 1, hidden.shape[1], device=hidden.device, dtype=torch.float32)
+    sums.index_add_(0, seg, hidden.float() * w)
+    wsum = torch.zeros(n + 1, 1, device=hidden.device, dtype=torch.float32)
+    wsum.index_add_(0, seg, w)
+    return sums[:n] / wsum[:n].clamp(min=1e-9)
+
+
+_POOLERS: dict[str, PoolFn] = {"cls": pool_cls, "mean": pool_mean, "last": pool_last, "max": pool_max,
+                               "mean_sqrt_len": pool_mean_sqrt_len, "weightedmean": pool_weightedmean}
 
 
 def pooler(mode: str) -> PoolFn:
-    """The pooling function of ``mode`` (one of POOLINGS), chosen once when the engine loads.
+    """The pooling function of ``mode`` (one of POOLINGS, or several joined by "+": their rows
+    concatenated, [B, k * D]), chosen once when the engine loads.
 
     Raises ValueError for an unknown mode."""
-    if mode not in _POOLERS:
-        raise ValueError(f"unknown pooling {mode!r}; choose one of {POOLINGS}")
-    return _POOLERS[mode]
+    fns = []
+    for m in mode.split("+"):
+        if m not in _POOLERS:
+            raise ValueError(f"unknown pooling {m!r}; choose one of {POOLINGS} (or several joined by '+')")
+        fns.append(_POOLERS[m])
+    if len(fns) == 1:
+        return fns[0]
+
+    def concatenated(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        return torch.cat([f(hidden, seg_ids, cu_seqlens) for f in fns], dim=1)
+
+    return concatenated
 
 
 def finalize(vectors: np.ndarray, normalize: bool, dimensions: int | None) -> np.ndarray:

@@ -1,0 +1,170 @@
+"""Every sentence-transformers module a model can declare in modules.json (issue 15 item 2).
+
+Tiny BERT directories are written by sentence-transformers itself (``SentenceTransformer.save``:
+its own modules.json, ``1_Pooling``, ``2_Dense`` safetensors, ``3_Normalize``), then loaded by
+sentence-transformers and by bouquet (the engine in process, and one served end to end by
+``bouquet serve`` over /v1/embeddings): the vectors must agree (cosine ≥ 0.9999, float32) with the
+Dense layer's output size. A module bouquet does not run must stop the start naming it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
+from bouquet.engine.pooling import finalize
+from bouquet.modelspec import ModelError, load_spec
+from bouquet.tokenization import TextTokenizer
+from helpers import BouquetProcess, cosine_rows
+from tests.fixtures.tiny_models import make_tiny_model
+
+# Mixed lengths: one word (3 tokens with [CLS]/[SEP]) up to the tiny model's 64-token limit.
+TEXTS = ["x", "hello world", "a somewhat longer sentence about search and ranking",
+         " ".join(["river mountain city music paper"] * 12)]
+MODES = ["cls", "mean", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens", ("mean", "max")]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model("bert", tmp_path_factory.mktemp("st") / "bert")
+
+
+def write_st_model(base: Path, out: Path, pooling: str | tuple[str, ...], dense: list[dict] | None = None,
+                   normalize: bool = True, seed: int = 7) -> Path:
+    """Save ``base`` + Pooling(pooling) + Dense layers + Normalize with sentence-transformers.
+
+    ``dense``: per layer ``Dense`` keyword arguments (``in_features``, ``out_features``, ``bias``,
+    ``activation_function``), or the string "normalize" for a Normalize between them. Dense weights
+    are drawn wide (std 0.3) so that different inputs give clearly different vectors."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    torch.manual_seed(seed)
+    mods: list[torch.nn.Module] = [Transformer(str(base), max_seq_length=64), Pooling(64, pooling_mode=pooling)]
+    for kw in dense or []:
+        if kw == "normalize":
+            mods.append(Normalize())
+            continue
+        layer = Dense(**kw)
+        torch.nn.init.normal_(layer.linear.weight, std=0.3)
+        mods.append(layer)
+    if normalize:
+        mods.append(Normalize())
+    SentenceTransformer(modules=mods, device="cpu").save(str(out))
+    return out
+
+
+def st_vectors(model_dir: Path, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_dir), device="cpu").encode(texts, convert_to_numpy=True, batch_size=len(texts))
+
+
+def bouquet_vectors(model_dir: Path, texts: list[str]) -> np.ndarray:
+    spec = load_spec(str(model_dir))
+    ids = TextTokenizer(spec).encode(texts).ids
+    engine = Engine(spec, "cpu", "float32")
+    with torch.inference_mode():
+        rows = engine.step(Batch.pack(ids)).wait()
+        single = np.concatenate([engine.step(Batch.pack([s])).wait() for s in ids])
+    assert cosine_rows(rows, single).min() >= 0.99999  # batched == one at a time
+    return finalize(rows, spec.normalize, None)
+
+
+TANH = {"in_features": 64, "out_features": 32, "activation_function": torch.nn.Tanh()}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) if isinstance(m, tuple) else m)
+def test_pooling_dense_normalize_match_sentence_transformers(tiny_bert, tmp_path, mode):
+    in_dim = 64 * (len(mode) if isinstance(mode, tuple) else 1)
+    d = write_st_model(tiny_bert, tmp_path / "m", mode, [{**TANH, "in_features": in_dim}])
+    ref, got = st_vectors(d, TEXTS), bouquet_vectors(d, TEXTS)
+    assert ref.shape == got.shape == (len(TEXTS), 32)
+    assert load_spec(str(d)).dimension == 32
+    assert cosine_rows(got, ref).min() >= 0.9999
+    assert np.abs(np.linalg.norm(got, axis=1) - 1).max() < 1e-5
+    assert cosine_rows(got[:-1], got[1:]).max() < 0.999  # different texts, different vectors
+
+
+def test_legacy_pooling_keys(tiny_bert, tmp_path):
+    """Older saves spell the mode as booleans (``pooling_mode_weightedmean_tokens: true``)."""
+    d = write_st_model(tiny_bert, tmp_path / "m", "weightedmean", [TANH])
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+         "pooling_mode_weightedmean_tokens": True, "include_prompt": True}))
+    assert load_spec(str(d)).pooling == "weightedmean"
+    assert cosine_rows(bouquet_vectors(d, TEXTS), st_vectors(d, TEXTS)).min() >= 0.9999
+
+
+def test_dense_chain_without_bias_identity_and_inner_normalize(tiny_bert, tmp_path):
+    """Dense(64 → 48, no bias, identity), Normalize, Dense(48 → 16, relu); no final Normalize:
+    the vectors keep their length, and the inner Normalize runs in the engine."""
+    layers = [{"in_features": 64, "out_features": 48, "bias": False, "activation_function": torch.nn.Identity()},
+              "normalize", {"in_features": 48, "out_features": 16, "activation_function": torch.nn.ReLU()}]
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean", layers, normalize=False)
+    spec = load_spec(str(d))
+    assert (spec.dimension, spec.normalize, len(spec.head_steps)) == (16, False, 3)
+    ref, got = st_vectors(d, TEXTS), bouquet_vectors(d, TEXTS)
+    assert got.shape == (len(TEXTS), 16)
+    assert cosine_rows(got, ref).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)
+
+
+def test_served_over_http_equals_sentence_transformers(tiny_bert, tmp_path):
+    d = write_st_model(tiny_bert, tmp_path / "m", "cls", [TANH])
+    ref = st_vectors(d, TEXTS)
+    srv = BouquetProcess("--model", str(d), "--log-level", "warning")
+    try:
+        got = srv.vectors(TEXTS)
+        assert got.shape == (len(TEXTS), 32)
+        assert cosine_rows(got, ref).min() >= 0.9999
+        r = srv.embed(TEXTS[:1], dimensions=8)  # Matryoshka truncation acts on the Dense output
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 8
+    finally:
+        srv.stop()
+
+
+def _with_module(d: Path, entry: dict) -> None:
+    mods = json.loads((d / "modules.json").read_text())
+    (d / "modules.json").write_text(json.dumps([*mods, {"idx": len(mods), "name": str(len(mods)), **entry}]))
+
+
+def test_unsupported_module_refuses_to_start(tiny_bert, tmp_path):
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean", [TANH])
+    _with_module(d, {"path": "4_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
+    with pytest.raises(ModelError, match="sentence_transformers.models.LayerNorm"):
+        load_spec(str(d))
+    with pytest.raises(RuntimeError, match="sentence_transformers.models.LayerNorm"):
+        BouquetProcess("--model", str(d), "--log-level", "warning", startup_timeout=120).stop()
+
+
+@pytest.mark.parametrize("case", ["custom", "activation", "pickle", "include_prompt"])
+def test_unsupported_settings_are_named(tiny_bert, tmp_path, case):
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean", [TANH])
+    dense_cfg = d / "2_Dense" / "config.json"
+    if case == "custom":
+        _with_module(d, {"path": "4_Mine", "type": "my_package.modules.Rescale"})
+        match = "my_package.modules.Rescale"
+    elif case == "activation":
+        dense_cfg.write_text(json.dumps({**json.loads(dense_cfg.read_text()),
+                                         "activation_function": "my_package.Swish"}))
+        match = "my_package.Swish"
+    elif case == "pickle":
+        state = {"linear.weight": torch.zeros(32, 64), "linear.bias": torch.zeros(32)}
+        torch.save(state, d / "2_Dense" / "pytorch_model.bin")
+        (d / "2_Dense" / "model.safetensors").unlink()
+        match = "pytorch_model.bin is a pickle"
+    else:
+        pool_cfg = d / "1_Pooling" / "config.json"
+        pool_cfg.write_text(json.dumps({**json.loads(pool_cfg.read_text()), "include_prompt": False}))
+        match = "include_prompt"
+    with pytest.raises(ModelError, match=match):
+        load_spec(str(d))
+    shutil.rmtree(d)
