@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bouquet.engine.families import architecture_of, family
+from bouquet.engine.families import architecture_of, family, hidden_size
 from bouquet.st_modules import ModuleError, StModules, Step, read_modules
 
 Task = Literal["embed", "score"]
@@ -170,7 +170,7 @@ def spec_from_config(
     modules = modules or []
     st_cfg = st_cfg or {}
     try:
-        st = read_modules(path, modules, int(cfg.get("hidden_size", 0))) if path is not None else StModules()
+        st = read_modules(path, modules, hidden_size(cfg)) if path is not None else StModules()
     except ModuleError as e:
         raise ModelError(str(e)) from None
     if not st.include_prompt:
@@ -208,7 +208,7 @@ def spec_from_config(
     if task == "score":
         dimension = 1 if yes_no else num_labels
     else:
-        dimension = st.dimension or int(cfg["hidden_size"]) * len(pooling.split("+"))
+        dimension = st.dimension or hidden_size(cfg) * len(pooling.split("+"))
     append_eos = None
     if causal and task == "embed":
         # Qwen3-Embedding pools on <|endoftext|>, which its tokenizer appends; prefer the

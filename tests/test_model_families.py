@@ -18,8 +18,8 @@ from bouquet.engine.engine import Engine
 from bouquet.modelspec import ModelSpec, load_spec
 from tests.fixtures.tiny_models import KINDS, make_tiny_model
 
-EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir")
-SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker")
+EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert")
+SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,8 @@ def reference(kind: str, path: Path, spec: ModelSpec, seqs: list[np.ndarray], ty
 
     cls = {"bert": tf.BertModel, "bert-cross": tf.BertForSequenceClassification, "xlmr": tf.XLMRobertaModel,
            "xlmr-cross": tf.XLMRobertaForSequenceClassification, "qwen3": tf.Qwen3Model,
-           "qwen3-bidir": tf.Qwen3Model, "qwen3-reranker": tf.Qwen3ForCausalLM}[kind]
+           "qwen3-bidir": tf.Qwen3Model, "qwen3-reranker": tf.Qwen3ForCausalLM, "distilbert": tf.DistilBertModel,
+           "distilbert-cross": tf.DistilBertForSequenceClassification}[kind]
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     kwargs: dict[str, object] = {}
     if kind == "qwen3-bidir":
@@ -63,7 +64,7 @@ def reference(kind: str, path: Path, spec: ModelSpec, seqs: list[np.ndarray], ty
             if types is not None:
                 kwargs["token_type_ids"] = torch.from_numpy(types[i]).long()[None]
             o = model(input_ids=ids, **kwargs)
-            if kind in ("bert-cross", "xlmr-cross"):
+            if kind in SCORE_KINDS and kind != "qwen3-reranker":
                 out.append(torch.sigmoid(o.logits[0]).numpy())
             elif kind == "qwen3-reranker":
                 yes, no = spec.yes_no_ids

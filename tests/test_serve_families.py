@@ -1,9 +1,11 @@
-"""`bouquet serve --model DIR` serves the other embedding families end to end (XLM-R and
-bidirectional Qwen3; BERT and causal Qwen3 have their own tests): vectors over real HTTP equal the
+"""`bouquet serve --model DIR` serves the other embedding families end to end (XLM-R,
+bidirectional Qwen3, DistilBERT; BERT and causal Qwen3 have their own tests) and the other
+cross-encoder families through /v1/rerank: vectors over real HTTP equal the
 in-process engine's on the gateway's own token ids. The engine is checked against transformers in
 test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,9 +18,10 @@ from helpers import BouquetProcess, cosine_rows
 from tests.fixtures.tiny_models import make_tiny_model
 
 TEXTS = ["hello world", "a somewhat longer sentence about search and ranking", "x"]
+QUERY = "search the river city"
 
 
-@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir"])
+@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir", "distilbert"])
 def test_serve_family_over_http(kind, tmp_path):
     model_dir = make_tiny_model(kind, tmp_path / kind)
     spec = load_spec(str(model_dir))
@@ -35,6 +38,29 @@ def test_serve_family_over_http(kind, tmp_path):
         assert r.json()["usage"]["prompt_tokens"] == enc.num_tokens
         if kind == "xlmr":
             check_tokenize_spans(srv)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("kind", ["distilbert-cross"])
+def test_serve_cross_family_over_http(kind, tmp_path):
+    """/v1/rerank on a cross-encoder family: raw scores over HTTP equal the in-process engine's
+    logits on the gateway's own (query, document) pair encoding, and the order follows them."""
+    import httpx
+
+    model_dir = make_tiny_model(kind, tmp_path / kind)
+    spec = load_spec(str(model_dir))
+    enc = TextTokenizer(spec).encode_pairs([(QUERY, d) for d in TEXTS])
+    with torch.inference_mode():
+        ref = Engine(spec, "cpu", "float32").step(Batch.pack(enc.ids, enc.type_ids)).wait()[:, 0]
+    srv = BouquetProcess("--model", str(model_dir), "--log-level", "warning")
+    try:
+        r = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": TEXTS, "raw_scores": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], ref, atol=1e-4)
+        assert [x["index"] for x in r.json()["results"]] == list(np.argsort(-ref, kind="stable"))
+        assert ref.max() - ref.min() > 0.05  # the documents score differently
     finally:
         srv.stop()
 

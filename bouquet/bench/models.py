@@ -73,6 +73,13 @@ SHAPES: dict[str, ModelShape] = {
         intermediate_size=3072, hidden_act="silu", max_position_embeddings=32768, rope_theta=1000000.0,
         rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=151643, bos_token_id=151643,
         attention_bias=False), "last", 4096),
+    # msmarco-distilbert-base-v4 / multi-qa-distilbert: config.json names are DistilBERT's (dim,
+    # hidden_dim, n_layers, n_heads; transformers maps hidden_size & co. onto them), the standard
+    # names stay for the FLOP counts.
+    "distilbert": ModelShape("distilbert", {**{k: v for k, v in _BERT_BASE.items() if k != "type_vocab_size"},
+                                            "model_type": "distilbert", "architectures": ["DistilBertModel"],
+                                            "num_hidden_layers": 6, "hidden_dim": 3072, "activation": "gelu"},
+                             "mean", 512),
 }
 
 
@@ -84,6 +91,8 @@ def tiny(shape: ModelShape, layers: int = 2, hidden: int = 64, heads: int = 4, i
              num_attention_heads=heads)
     if "head_dim" in c:
         c.update(head_dim=hidden // heads, num_key_value_heads=max(1, heads // 2))
+    if "hidden_dim" in c:  # DistilBERT's name for the intermediate size
+        c["hidden_dim"] = c["intermediate_size"]
     return ModelShape(name or f"{shape.name}-tiny", c, shape.pooling, min(shape.max_len, 512))
 
 

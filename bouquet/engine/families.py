@@ -79,6 +79,9 @@ FAMILIES: dict[str, Family] = {
     "XLMRobertaModel": Family("xlm_roberta", "XLMRobertaModel", positions_after_padding=True),
     "XLMRobertaForSequenceClassification": Family("xlm_roberta", "XLMRobertaForSequenceClassification",
                                                   score_head=True, pooling="cls", positions_after_padding=True),
+    "DistilBertModel": Family("distilbert", "DistilBertModel"),
+    "DistilBertForSequenceClassification": Family("distilbert", "DistilBertForSequenceClassification",
+                                                  score_head=True, pooling="cls"),
     "Qwen3Model": Family("qwen3", "Qwen3Model", decoder=True, pooling="last"),
     "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", embed_cls="Qwen3Model", decoder=True, pooling="last",
                                reranker_template=QWEN3_RERANKER_TEMPLATE,
@@ -98,3 +101,8 @@ def family(architecture: str) -> Family:
 def architecture_of(cfg: dict[str, Any]) -> str:
     """config.json's first ``architectures`` entry ("" when absent)."""
     return (cfg.get("architectures") or [""])[0]
+
+
+def hidden_size(cfg: dict[str, Any]) -> int:
+    """config.json's hidden width: ``hidden_size``, or ``dim`` (DistilBERT's name for it)."""
+    return int(cfg["hidden_size"] if "hidden_size" in cfg else cfg["dim"])

@@ -7,6 +7,7 @@ no pooling here (``engine/pooling.py`` owns that); ``head`` maps pooled rows to 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,23 +22,88 @@ from bouquet.engine.ops import add_layer_norm, linear_gelu
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    """word + position (+ token type) embeddings, then LayerNorm: ids [T] → [T, hidden].
+
+    ``type_vocab_size`` 0 builds no token-type table (DistilBERT, MPNet); ``position_offset`` is
+    the row holding position 0 (RoBERTa-style tables reserve ``padding_idx + 1`` rows first)."""
+
+    def __init__(self, vocab_size: int, hidden: int, max_positions: int, type_vocab_size: int, eps: float,
+                 position_offset: int = 0) -> None:
         super().__init__()
-        h = cfg["hidden_size"]
-        self.word_embeddings = nn.Embedding(cfg["vocab_size"], h)
-        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], h)
-        self.token_type_embeddings = nn.Embedding(max(cfg.get("type_vocab_size", 1), 1), h)
-        self.LayerNorm = nn.LayerNorm(h, eps=cfg.get("layer_norm_eps", 1e-12))
-        # XLM-R: positions start at padding_idx + 1 (the family table's positions_after_padding)
-        self.position_offset = family(architecture_of(cfg)).position_offset(cfg)
+        self.word_embeddings = nn.Embedding(vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(max_positions, hidden)
+        if type_vocab_size:
+            self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+        self.position_offset = position_offset
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> "BertEmbeddings":
+        """BERT / XLM-R names; the offset comes from the family row's ``positions_after_padding``."""
+        return cls(cfg["vocab_size"], cfg["hidden_size"], cfg["max_position_embeddings"],
+                   max(cfg.get("type_vocab_size", 1), 1), cfg.get("layer_norm_eps", 1e-12),
+                   family(architecture_of(cfg)).position_offset(cfg))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids + self.position_offset)
-        if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]
-        else:
-            x = x + self.token_type_embeddings(token_type_ids)
+        if hasattr(self, "token_type_embeddings"):
+            if token_type_ids is None:
+                x = x + self.token_type_embeddings.weight[0]
+            else:
+                x = x + self.token_type_embeddings(token_type_ids)
         return self.LayerNorm(x)  # [T, hidden]
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """The modules of one post-norm encoder layer, whatever the checkpoint calls them."""
+
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    o: nn.Linear
+    attn_norm: nn.LayerNorm
+    up: nn.Linear
+    down: nn.Linear
+    out_norm: nn.LayerNorm
+
+
+class PostNormLayer(nn.Module):
+    """BERT's post-norm encoder layer (HF ``BertLayer``), the one copy of its math:
+    ``x = LN(x + o(attn(q, k, v)))``, then ``LN(x + down(act(up(x))))``. DistilBERT and MPNet
+    layers are the same computation under other parameter names: each subclass builds its
+    submodules with the checkpoint's names and says which is which in ``parts()``.
+    """
+
+    qkv: tuple[torch.Tensor, torch.Tensor]  # weight [3h, h], bias [3h]: set by fuse()
+    p: LayerParts  # the submodules, set by fuse() (plain attribute: not registered twice)
+
+    def __init__(self, hidden: int, num_heads: int, act_name: str) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden // num_heads
+        self.act_name = act_name
+        activation(act_name)  # unknown activations fail at load time
+
+    def parts(self) -> LayerParts:
+        raise NotImplementedError
+
+    def fuse(self) -> None:
+        """Concatenate q/k/v into one [3h, h] matmul (one GEMM instead of three)."""
+        self.p = self.parts()
+        w, b = fuse_linears(self.p.q, self.p.k, self.p.v)
+        assert b is not None  # these encoders' projections always carry biases
+        self.qkv = (w, b)
+
+    def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
+        """x [T, hidden] → [T, hidden] in the model dtype."""
+        T, h = x.shape
+        p = self.p
+        q, k, v = F.linear(x, *self.qkv).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
+        a = attn.attend(q, k, v, meta).reshape(T, h)  # [T, hidden]
+        x = add_layer_norm(p.o(a), x, p.attn_norm)  # one fused kernel on CUDA
+        y = p.down(linear_gelu(x, p.up, self.act_name))  # [T, hidden]
+        return add_layer_norm(y, x, p.out_norm)
 
 
 class BertSelfAttention(nn.Module):
@@ -75,35 +141,18 @@ class BertOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(h, eps=eps)
 
 
-class BertLayer(nn.Module):
-    qkv: tuple[torch.Tensor, torch.Tensor]  # weight [3h, h], bias [3h]: set by fuse()
-
+class BertLayer(PostNormLayer):
     def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
         h, i, eps = cfg["hidden_size"], cfg["intermediate_size"], cfg.get("layer_norm_eps", 1e-12)
+        super().__init__(h, cfg["num_attention_heads"], cfg.get("hidden_act", "gelu"))
         self.attention = BertAttention(h, eps)
         self.intermediate = BertIntermediate(h, i)
         self.output = BertOutput(h, i, eps)
-        self.num_heads = cfg["num_attention_heads"]
-        self.head_dim = h // self.num_heads
-        self.act_name = cfg.get("hidden_act", "gelu")
-        activation(self.act_name)  # unknown activations fail at load time
 
-    def fuse(self) -> None:
-        """Concatenate q/k/v into one [3h, h] matmul (one GEMM instead of three)."""
-        s = self.attention.self
-        w, b = fuse_linears(s.query, s.key, s.value)
-        assert b is not None  # BERT's projections always carry biases
-        self.qkv = (w, b)
-
-    def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
-        T, h = x.shape
-        q, k, v = F.linear(x, *self.qkv).view(T, 3, self.num_heads, self.head_dim).unbind(1)
-        a = attn.attend(q, k, v, meta).reshape(T, h)  # [T, hidden]
-        o = self.attention.output
-        x = add_layer_norm(o.dense(a), x, o.LayerNorm)  # one fused kernel on CUDA
-        y = self.output.dense(linear_gelu(x, self.intermediate.dense, self.act_name))  # [T, hidden]
-        return add_layer_norm(y, x, self.output.LayerNorm)
+    def parts(self) -> LayerParts:
+        s, o = self.attention.self, self.attention.output
+        return LayerParts(s.query, s.key, s.value, o.dense, o.LayerNorm, self.intermediate.dense,
+                          self.output.dense, self.output.LayerNorm)
 
 
 class BertEncoder(nn.Module):
@@ -127,7 +176,7 @@ class BertModel(PackedModel):
 
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend) -> None:
         super().__init__()
-        self.embeddings = BertEmbeddings(cfg)
+        self.embeddings = BertEmbeddings.from_config(cfg)
         self.encoder = BertEncoder(cfg)
         self.attn = attn
 
@@ -161,7 +210,7 @@ class BertForSequenceClassification(PackedModel):
 
     IGNORED_KEYS: tuple[str, ...] = (r"bert\.embeddings\.position_ids",)
     PREFIXES: tuple[str, ...] = ()
-    encoder_cls: type[BertModel] = BertModel
+    encoder_cls: type[PackedModel] = BertModel
     base_name = "bert"
     causal = False
 
@@ -175,7 +224,7 @@ class BertForSequenceClassification(PackedModel):
         self.classifier = nn.Linear(cfg["hidden_size"], num_labels(cfg))
 
     @property
-    def base(self) -> BertModel:
+    def base(self) -> PackedModel:
         return getattr(self, self.base_name)
 
     def fuse(self) -> None:
