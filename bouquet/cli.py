@@ -38,8 +38,9 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
 # replica) share: CLI name → (type, ServeConfig field, option). ``_with_replica_options`` adds them
 # to both commands, which receive them as one dict of config fields.
 _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
-    "model": (Optional[str], "model", typer.Option(
-        _env("MODEL"), help="Model directory or Hugging Face id (default: the embedded all-MiniLM-L6-v2).")),
+    "model": (list[str], "models", typer.Option(
+        [m for m in [_env("MODEL")] if m], help="Model directory or Hugging Face id (default: the embedded "
+        "all-MiniLM-L6-v2). `serve` only: repeat to serve several models behind one endpoint, each with its own replicas.")),
     "dtype": (str, "dtype", typer.Option(
         _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
@@ -81,6 +82,8 @@ def _with_replica_options(command: Callable[..., None]) -> Callable[..., None]:
     def run(**values: Any) -> None:
         replica = {fld: values.pop(name) for name, (_, fld, _) in _REPLICA_OPTIONS.items()}
         replica["capture_buckets"] = tuple(replica["capture_buckets"])
+        models = replica["models"]  # several only for `serve`; the first is ServeConfig.model
+        replica["model"], replica["models"] = (models[0] if models else None), tuple(models) if len(models) > 1 else ()
         command(**values, replica=replica)
 
     params = own + shared
@@ -102,7 +105,8 @@ def _config(**values: object) -> ServeConfig:
 @_with_replica_options
 def serve(
     replica: dict[str, Any],
-    served_model_name: list[str] = typer.Option([], help="Public model name(s); repeatable. The first is the id in replies."),
+    served_model_name: list[str] = typer.Option([], help="Public model name(s); repeatable. One model: its names, the "
+                                                "first being the id in replies. Several --model: one name per model, in order."),
     host: str = typer.Option(_env("HOST", _default("host")), help="Gateway bind address."),
     port: int = typer.Option(int(_env("PORT") or _default("port")), help="Gateway HTTP port."),
     grpc_port: int = typer.Option(_default("grpc_port"), help="First replica's gRPC port (0 = pick free ports)."),
@@ -280,6 +284,9 @@ def server_cmd(
     device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda | cuda:N"),
 ) -> None:
     """Run ONE server replica (gRPC) on HOST:PORT for gateways elsewhere (`bouquet serve --server HOST:PORT`)."""
+    if replica["models"]:
+        typer.echo("error: `bouquet server` serves one --model (start one server per model)", err=True)
+        raise typer.Exit(2)
     cfg = _config(**replica, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
                   device=device.split(":")[0])
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

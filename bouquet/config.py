@@ -52,7 +52,11 @@ class ServeConfig:
     """
 
     model: str | None = None  # path or Hugging Face id; None = the embedded all-MiniLM-L6-v2
-    served_model_name: tuple[str, ...] = ()  # aliases; the first is the public id when given
+    # Several models behind one endpoint (`serve --model A --model B`): every model, in order
+    # (``model`` is then the first); empty when one model is served. ``per_model`` splits them.
+    models: tuple[str, ...] = ()
+    # One model: its aliases, the first being the public id. Several: one public id per model, in order.
+    served_model_name: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
     grpc_port: int = 0  # 0 = pick a free port
@@ -121,6 +125,14 @@ class ServeConfig:
             raise ConfigError(f"--replicas-per-gpu must be >= 1, got {self.replicas_per_gpu}")
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"--transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.models:
+            if len(self.models) < 2 or self.model != self.models[0]:
+                raise ConfigError(f"models {self.models} must list two or more models, the first being model {self.model!r}")
+            if self.served_model_name and len(self.served_model_name) != len(self.models):
+                raise ConfigError(f"with {len(self.models)} models give one --served-model-name per model, in the order "
+                                  f"of --model, or none; got {len(self.served_model_name)}")
+            if self.servers:
+                raise ConfigError("--server serves one model; with several --model let `serve` start the replicas")
         if self.ipc_paths and len(self.ipc_paths) != len(self.servers):
             raise ConfigError(f"ipc_paths has {len(self.ipc_paths)} entries for {len(self.servers)} servers")
         if self.gateway_workers < 1:
@@ -149,13 +161,24 @@ class ServeConfig:
                                   f"--graph-max-tokens {self.graph_max_tokens}")
         return self
 
+    def per_model(self) -> "list[ServeConfig]":
+        """One single-model config per served model, in order (``[self]`` for one model): model i
+        gets ``models[i]``, its own ``--served-model-name`` and the replica options unchanged (each
+        model has its own replicas); a fixed ``grpc_port`` continues after the previous models' replicas."""
+        if not self.models:
+            return [self]
+        per_model_replicas = (len(self.gpus) or self.replicas) * self.replicas_per_gpu
+        return [self.replace(model=m, models=(), served_model_name=self.served_model_name[i:i + 1],
+                             grpc_port=self.grpc_port + i * per_model_replicas if self.grpc_port else 0)
+                for i, m in enumerate(self.models)]
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> "ServeConfig":
         raw = json.loads(text)
-        for k in ("served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths", "cors_allow_origins"):
+        for k in ("models", "served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths", "cors_allow_origins"):
             raw[k] = tuple(raw.get(k) or ())
         return cls(**raw).validate()
 

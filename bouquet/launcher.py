@@ -4,7 +4,10 @@
 The gateway runs in this process (uvicorn; SIGINT/SIGTERM start a drain, gateway/drain.py), or in
 ``--gateway-workers`` uvicorn worker processes supervised from here; replicas are child
 processes (``python -m bouquet.server``) that also die with this process (PR_SET_PDEATHSIG).
-When every replica has exited on its own, the gateway stops too and the command fails.
+When every replica of a model has exited on its own, the gateway stops too and the command fails.
+Several models (``--model A --model B``): each gets its own replicas, started from its own
+single-model config (``ServeConfig.per_model``), and one gateway routes by ``model``
+(gateway/catalog.py).
 """
 from __future__ import annotations
 
@@ -42,21 +45,24 @@ def replica_devices(cfg: ServeConfig) -> list[str]:
     return [cfg.device] * (cfg.replicas * cfg.replicas_per_gpu)
 
 
-def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0) -> list[ReplicaProcess]:
-    """Spawn one server process per replica and wait until each has bound its gRPC port.
+def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_replicas: int = 0) -> list[ReplicaProcess]:
+    """Spawn one server process per replica of ``cfg``'s model and wait until each has bound its
+    gRPC port. ``host_replicas``: replica processes of every model on this host (0 = this model's),
+    among which CPU replicas share the cores.
 
     Raises RuntimeError (after stopping the others) when a replica exits before binding.
     """
     devices = replica_devices(cfg)
     tmp = Path(tempfile.mkdtemp(prefix="bouquet-"))
     procs: list[tuple[subprocess.Popen[bytes], Path, str, str]] = []
-    cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
+    sharing = host_replicas or len(devices)
+    cpu_threads = max(1, (os.cpu_count() or 1) // sharing)
     for i, dev in enumerate(devices):
         port_file = tmp / f"replica{i}.port"
         # The replica never sees the API key: not on its command line (readable by any local user
         # in /proc/PID/cmdline), not in its environment.
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        if not dev.startswith("cuda") and len(devices) > 1:
+        if not dev.startswith("cuda") and sharing > 1:
             env.setdefault("OMP_NUM_THREADS", str(cpu_threads))
         rcfg = cfg.replace(grpc_port=cfg.grpc_port + i if cfg.grpc_port else 0, api_key=None)
         cmd = [sys.executable, "-m", "bouquet.server", "--config", rcfg.to_json(), "--port-file", str(port_file), "--device", dev]
@@ -94,18 +100,28 @@ def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
     import uvicorn
 
+    from bouquet.gateway.catalog import model_names
     from bouquet.modelspec import load_spec
 
-    spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
-    replicas: list[ReplicaProcess] = []
-    if cfg.servers:
-        addresses, paths = list(cfg.servers), [""] * len(cfg.servers)
-    else:
-        replicas = start_replicas(cfg)
-        addresses, paths = [r.address for r in replicas], [r.ipc_path for r in replicas]
-    log.info("bouquet: model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
-             "Unix-socket IPC" if any(paths) else "gRPC")
-    gcfg = cfg.replace(servers=tuple(addresses), ipc_paths=tuple(paths))
+    entries = cfg.per_model()
+    specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
+    model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
+    groups: list[list[ReplicaProcess]] = []  # each model's replica processes
+    gcfgs: list[ServeConfig] = []  # each model's config, its replicas' addresses filled in
+    try:
+        for c, spec in zip(entries, specs):
+            if c.servers:
+                addresses, paths = list(c.servers), [""] * len(c.servers)
+            else:
+                groups.append(start_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+                addresses, paths = [r.address for r in groups[-1]], [r.ipc_path for r in groups[-1]]
+            log.info("bouquet: model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
+                     "Unix-socket IPC" if any(paths) else "gRPC")
+            gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths)))
+    except BaseException:
+        stop_replicas([r for g in groups for r in g])
+        raise
+    replicas = [r for g in groups for r in g]
     try:
         import uvloop  # noqa: F401
 
@@ -119,12 +135,12 @@ def serve(cfg: ServeConfig) -> int:
     if cfg.gateway_workers > 1:
         from uvicorn.supervisors import Multiprocess
 
-        from bouquet.gateway.factory import GATEWAY_CONFIG_ENV
+        from bouquet.gateway.factory import GATEWAY_CONFIG_ENV, configs_to_json
 
-        # Spawned workers inherit the environment: the factory reads the config from it.
+        # Spawned workers inherit the environment: the factory reads the configs from it.
         # (Each worker is a plain uvicorn server: SIGTERM closes its listener after in-flight
         # requests finish, up to 30 s; the 503 drain phase is single-worker only.)
-        os.environ[GATEWAY_CONFIG_ENV] = gcfg.to_json()
+        os.environ[GATEWAY_CONFIG_ENV] = configs_to_json(gcfgs)
         # The workers are the parallelism: a Rust thread pool of one thread per core in each of
         # them would oversubscribe the cores (an explicit setting wins).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -137,15 +153,15 @@ def serve(cfg: ServeConfig) -> int:
         from bouquet.gateway.drain import DrainingServer, DrainState
 
         drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
-        app = create_app(gcfg, spec, drain)
+        app = create_app(list(zip(gcfgs, specs)), drain)
         server = DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=5, **common), drain)
         run, stop = server.run, lambda: setattr(server, "should_exit", True)
     failed, finished = threading.Event(), threading.Event()
 
     def watch() -> None:
         while not finished.wait(0.5):
-            if replicas and all(r.proc.poll() is not None for r in replicas):
-                log.error("bouquet: every server replica has exited; stopping the gateway")
+            if any(g and all(r.proc.poll() is not None for r in g) for g in groups):
+                log.error("bouquet: every server replica of a model has exited; stopping the gateway")
                 failed.set()
                 stop()
                 return

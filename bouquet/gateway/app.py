@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from starlette.datastructures import Headers
@@ -22,10 +23,12 @@ from starlette.responses import Response
 from bouquet.config import ServeConfig
 from bouquet.gateway import openapi_docs as d
 from bouquet.gateway import routes_openai, routes_scoring, routes_tei
-from bouquet.gateway.core import Gateway
+from bouquet.gateway.catalog import Catalog, model_names
+from bouquet.gateway.core import TOKENIZER_THREADS, Gateway
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
 from bouquet.gateway.front import ASGIApp, Front, Routes
+from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
 from bouquet.modelspec import ModelSpec
 from bouquet.tokenization import TextTokenizer
@@ -39,28 +42,38 @@ ROUTES = Routes(
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
+    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
 
-def create_app(cfg: ServeConfig, spec: ModelSpec, drain: DrainState | None = None) -> ASGIApp:
-    """Build the gateway's ASGI app for the replicas ``cfg.servers`` (over a Unix socket where
-    ``cfg.ipc_paths`` names one). The replica pool connects on start-up (ASGI lifespan).
-    ``drain``: answer 503 while it says so (single-process gateway, drain.py)."""
-    public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
-    names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
-    pool = ReplicaPool(list(cfg.servers), cfg.chunk_tokens, cfg.interactive_max_tokens, ipc_paths=list(cfg.ipc_paths))
-    gw = Gateway(cfg, spec, pool, TextTokenizer(spec), public_id, names)
+def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainState | None = None) -> ASGIApp:
+    """Build the gateway's ASGI app for one or more models, each given as its single-model config
+    (``ServeConfig.per_model``, its replicas in ``servers``, over a Unix socket where ``ipc_paths``
+    names one) and spec; app-wide settings (API key, CORS, limits) are the first config's. The
+    replica pools connect on start-up (ASGI lifespan). ``drain``: answer 503 while it says so
+    (single-process gateway, drain.py). Raises ConfigError when two models share a name."""
+    cfg = models[0][0]
+    # One tokenizer thread pool and one metrics registry for the process, whatever the model count.
+    executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="bouquet-tok")
+    metrics = GatewayMetrics()
+    gateways = [Gateway(c, spec, ReplicaPool(list(c.servers), c.chunk_tokens, c.interactive_max_tokens,
+                                             ipc_paths=list(c.ipc_paths)),
+                        TextTokenizer(spec), public_id, names, executor=executor, metrics=metrics)
+                for (c, spec), (public_id, names) in zip(models, model_names(models))]
+    catalog = Catalog.of(gateways)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await gw.pool.start()
+        for gw in gateways:
+            await gw.pool.start()
         # The app, its libraries and the tokenizer live as long as the worker: keep them out of
         # later garbage collections (their full passes showed in the per-request CPU).
         gc.collect()
         gc.freeze()
         yield
-        await gw.pool.close()
-        gw.executor.shutdown(wait=False)
+        for gw in gateways:
+            await gw.pool.close()
+        executor.shutdown(wait=False)
 
     api = FastAPI(title="bouquet", version=routes_openai.VERSION, lifespan=lifespan,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
@@ -83,8 +96,8 @@ def create_app(cfg: ServeConfig, spec: ModelSpec, drain: DrainState | None = Non
         return internal_error(exc).response_for(request.url.path)
 
     describe_routes(api)
-    gw.metrics.watch_replicas(gw.pool)
-    front = Front(api, gw, ROUTES, cfg.api_key, drain)
+    metrics.watch_replicas([(gw.public_id, gw.pool) for gw in gateways])
+    front = Front(api, catalog, ROUTES, cfg.api_key, drain)
     return Cors(front, cfg.cors_allow_origins) if cfg.cors_allow_origins else front
 
 
@@ -121,10 +134,10 @@ def describe_routes(app: FastAPI) -> None:
     """Register every route's OpenAPI description (schemas: openapi_docs.py)."""
     obj: dict[str, Any] = {"type": "object"}
     docs = [
-        ("/health", "GET", None, obj, False, "200 once a replica has loaded and warmed up; 503 before"),
+        ("/health", "GET", None, obj, False, "200 once each model has a replica loaded and warmed up; 503 before"),
         ("/metrics", "GET", None, {"type": "string"}, False, "Prometheus metrics (gateway, and per replica)"),
-        ("/v1/models", "GET", None, obj, False, "The served model (OpenAI shape)"),
-        ("/v1/models/{model}", "GET", None, obj, False, "The served model under one of its names (OpenAI shape)"),
+        ("/v1/models", "GET", None, obj, False, "The served models (OpenAI shape)"),
+        ("/v1/models/{model}", "GET", None, obj, False, "A served model under one of its names (OpenAI shape)"),
         ("/v1/embeddings", "POST", d.EMBEDDINGS_REQUEST, d.EMBEDDINGS_RESPONSE, False, "OpenAI embeddings (+ extensions)"),
         ("/v1/rerank", "POST", d.RERANK_REQUEST, d.RERANK_RESPONSE, False, "Cohere/Jina-style rerank"),
         ("/v1/score", "POST", d.SCORE_REQUEST, d.SCORE_RESPONSE, False, "vLLM-style pair scores"),

@@ -1,14 +1,17 @@
 """The gateway app as an import-string factory, for ``--gateway-workers N`` (uvicorn spawns
 worker processes that import ``bouquet.gateway.factory:app_from_env`` and call it).
 
-The launcher passes the whole ServeConfig, with the replica addresses already resolved into
-``servers``, through one environment variable; it is read when a worker calls the factory, never
-at import time. Every worker therefore talks to the same replicas. What it does not own: starting
+The launcher passes each served model's ServeConfig (``ServeConfig.per_model``), with its replica
+addresses already resolved into ``servers``, through one environment variable (a JSON list); it is
+read when a worker calls the factory, never at import time. Every worker therefore serves every
+model and talks to the same replicas. What it does not own: starting
 replicas (launcher.py) or routes (app.py).
 """
 from __future__ import annotations
 
+import json
 import os
+from typing import Sequence
 
 from bouquet.config import ConfigError, ServeConfig
 from bouquet.gateway.front import ASGIApp
@@ -16,10 +19,15 @@ from bouquet.gateway.front import ASGIApp
 GATEWAY_CONFIG_ENV = "BOUQUET_GATEWAY_CONFIG"
 
 
-def app_from_env() -> ASGIApp:
-    """Build one worker's app from ``$BOUQUET_GATEWAY_CONFIG`` (ServeConfig JSON).
+def configs_to_json(models: Sequence[ServeConfig]) -> str:
+    """The value of ``$BOUQUET_GATEWAY_CONFIG``: a JSON list of the models' configs, in order."""
+    return json.dumps([json.loads(c.to_json()) for c in models])
 
-    Raises ConfigError when the variable is missing or names no replicas.
+
+def app_from_env() -> ASGIApp:
+    """Build one worker's app from ``$BOUQUET_GATEWAY_CONFIG`` (``configs_to_json``).
+
+    Raises ConfigError when the variable is missing or a model has no replicas.
     """
     from bouquet.gateway.app import create_app
     from bouquet.modelspec import load_spec
@@ -27,8 +35,7 @@ def app_from_env() -> ASGIApp:
     text = os.environ.get(GATEWAY_CONFIG_ENV)
     if not text:
         raise ConfigError(f"${GATEWAY_CONFIG_ENV} is not set; start gateway workers with `bouquet serve --gateway-workers N`")
-    cfg = ServeConfig.from_json(text)
-    if not cfg.servers:
-        raise ConfigError(f"${GATEWAY_CONFIG_ENV} lists no replica addresses (servers)")
-    spec = load_spec(cfg.model, cfg.served_model_name[0] if cfg.served_model_name else None)
-    return create_app(cfg, spec)
+    cfgs = [ServeConfig.from_json(json.dumps(c)) for c in json.loads(text)]
+    if not cfgs or not all(c.servers for c in cfgs):
+        raise ConfigError(f"${GATEWAY_CONFIG_ENV} lists a model without replica addresses (servers)")
+    return create_app([(c, load_spec(c.model, c.served_model_name[0] if c.served_model_name else None)) for c in cfgs])

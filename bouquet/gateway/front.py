@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable, MutableMapping
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from bouquet.gateway.catalog import Catalog, RouteKind
 from bouquet.gateway.core import Gateway
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
@@ -41,19 +42,22 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PostRoute = Callable[[Gateway, dict[str, Any]], Awaitable[Response]]
-GetRoute = Callable[[Gateway], Awaitable[Response]]
-ItemRoute = Callable[[Gateway, str], Awaitable[Response]]  # GET PREFIX{item}: the rest of the path
+GetRoute = Callable[[Catalog], Awaitable[Response]]  # GET routes see every served model
+ItemRoute = Callable[[Catalog, str], Awaitable[Response]]  # GET PREFIX{item}: the rest of the path
 OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers, probes)
 
 
 @dataclass(frozen=True)
 class Routes:
-    """What the front serves itself: POST routes take the parsed JSON body, GET (and HEAD) routes
-    nothing, GET item routes (``/v1/models/{id}``) the rest of the path after their prefix."""
+    """What the front serves itself: POST routes take the model's Gateway and the parsed JSON body,
+    GET (and HEAD) routes the Catalog, GET item routes (``/v1/models/{id}``) the Catalog and the
+    rest of the path after their prefix. ``kinds``: the model each POST route needs when several
+    are served (absent = "any")."""
 
     post: dict[str, PostRoute]
     get: dict[str, GetRoute]
     get_items: dict[str, ItemRoute]
+    kinds: dict[str, RouteKind]
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -93,15 +97,19 @@ class _Watch:
 
 
 class Front:
-    """ASGI app: serves ``routes`` for ``gw``; everything else goes to ``api`` (FastAPI)."""
+    """ASGI app: serves ``routes`` for the ``models``; everything else goes to ``api`` (FastAPI).
+    A POST goes to the only model's Gateway, or, when several are served, to the one
+    ``Catalog.pick`` finds for the body's ``model``."""
 
-    def __init__(self, api: ASGIApp, gw: Gateway, routes: Routes, api_key: str | None = None,
+    def __init__(self, api: ASGIApp, models: Catalog, routes: Routes, api_key: str | None = None,
                  drain: DrainState | None = None, watch_after_s: float = 0.02) -> None:
-        self.api, self.gw, self.routes, self.drain = api, gw, routes, drain
+        self.api, self.models, self.routes, self.drain = api, models, routes, drain
+        self.gw: Gateway = models.gateways[0]  # every app-wide setting and the shared metrics live here too
+        self.multi = not models.single
         self.key = api_key.encode() if api_key else None
         self.watch_after_s = watch_after_s
         self.known = frozenset({*routes.post, *routes.get, *(p + "{id}" for p in routes.get_items)})
-        metrics = gw.metrics
+        metrics = self.gw.metrics
         # Labelled children looked up once: ``labels()`` takes a lock and builds a key per call.
         self._latency = {r: metrics.latency.labels(r) for r in (*self.known, "other")}
         self._count: dict[tuple[str, str, int], Any] = {}
@@ -134,10 +142,10 @@ class Front:
             elif (method == "GET" or method == "HEAD") and (path in self.routes.get or self._item(path)):
                 try:
                     if path in self.routes.get:
-                        response = await self.routes.get[path](self.gw)
+                        response = await self.routes.get[path](self.models)
                     else:
                         prefix = self._item(path)
-                        response = await self.routes.get_items[prefix](self.gw, path[len(prefix):])
+                        response = await self.routes.get_items[prefix](self.models, path[len(prefix):])
                 except APIError as e:
                     response = e.response_for(path)
                 except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
@@ -163,7 +171,9 @@ class Front:
         try:
             body = await read_body(scope, receive, self.gw.cfg.max_request_bytes)
             timer = asyncio.get_running_loop().call_later(self.watch_after_s, watch.start)
-            response = await route(self.gw, parse_json(body))
+            obj = parse_json(body)
+            gw = self.models.pick(obj.get("model"), self.routes.kinds.get(path, "any")) if self.multi else self.gw
+            response = await route(gw, obj)
         except APIError as e:
             response = e.response_for(path)
         except ClientDisconnect:

@@ -8,7 +8,7 @@ which the replica pool's health loop refreshes about once a second — they lag 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from bouquet.gateway.replicas import ReplicaPool
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LABELS = ["replica", "model"]  # of every per-replica metric
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
 
@@ -37,39 +38,42 @@ class GatewayMetrics:
                                            "Gateway → replicas → gateway time per inference call (s)",
                                            buckets=_LATENCY_BUCKETS, registry=r)
 
-    def watch_replicas(self, pool: "ReplicaPool") -> None:
-        self.registry.register(ReplicaCollector(pool))
+    def watch_replicas(self, pools: Sequence[tuple[str, "ReplicaPool"]]) -> None:
+        """Export the replicas of every (model public id, pool); call once (one collector for all
+        models: each metric family may be registered only once)."""
+        self.registry.register(ReplicaCollector(pools))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class ReplicaCollector(Collector):
-    """Turns each replica's last ``Info`` reply into metrics labelled ``replica="host:port"``."""
+    """Turns each replica's last ``Info`` reply into metrics labelled ``replica="host:port"`` and
+    ``model`` (the public id of the model it serves)."""
 
-    def __init__(self, pool: "ReplicaPool") -> None:
-        self.pool = pool
+    def __init__(self, pools: Sequence[tuple[str, "ReplicaPool"]]) -> None:
+        self.pools = list(pools)
 
     def collect(self) -> Iterator[Any]:
-        up = GaugeMetricFamily("bouquet_replica_up", "1 when the replica is loaded and healthy", labels=["replica"])
+        up = GaugeMetricFamily("bouquet_replica_up", "1 when the replica is loaded and healthy", labels=LABELS)
         queue = GaugeMetricFamily("bouquet_replica_queue_tokens", "Tokens waiting in the replica's scheduler",
-                                  labels=["replica"])
+                                  labels=LABELS)
         inflight = GaugeMetricFamily("bouquet_replica_inflight_requests", "Embed calls waiting on the replica",
-                                     labels=["replica"])
+                                     labels=LABELS)
         outstanding = GaugeMetricFamily("bouquet_replica_outstanding_tokens",
-                                        "Tokens the gateway has sent to the replica and not had back", labels=["replica"])
+                                        "Tokens the gateway has sent to the replica and not had back", labels=LABELS)
         counters = {
             "cancelled_sequences": CounterMetricFamily("bouquet_replica_cancelled_sequences",
-                                                       "Queued sequences dropped because their client left", labels=["replica"]),
-            "graph_captures": CounterMetricFamily("bouquet_replica_graph_captures", "CUDA graphs captured", labels=["replica"]),
-            "graph_replays": CounterMetricFamily("bouquet_replica_graph_replays", "CUDA graph replays", labels=["replica"]),
+                                                       "Queued sequences dropped because their client left", labels=LABELS),
+            "graph_captures": CounterMetricFamily("bouquet_replica_graph_captures", "CUDA graphs captured", labels=LABELS),
+            "graph_replays": CounterMetricFamily("bouquet_replica_graph_replays", "CUDA graph replays", labels=LABELS),
         }
-        step_tokens = HistogramMetricFamily("bouquet_replica_batch_tokens", "Tokens per engine step", labels=["replica"])
-        step_seqs = HistogramMetricFamily("bouquet_replica_batch_sequences", "Sequences per engine step", labels=["replica"])
+        step_tokens = HistogramMetricFamily("bouquet_replica_batch_tokens", "Tokens per engine step", labels=LABELS)
+        step_seqs = HistogramMetricFamily("bouquet_replica_batch_sequences", "Sequences per engine step", labels=LABELS)
         step_time = CounterMetricFamily("bouquet_replica_step_seconds", "Engine step time, launch to rows ready (s)",
-                                        labels=["replica"])
-        for rep in self.pool.replicas:
-            lab = [rep.address]
+                                        labels=LABELS)
+        for model, rep in ((m, r) for m, pool in self.pools for r in pool.replicas):
+            lab = [rep.address, model]
             up.add_metric(lab, 1.0 if rep.healthy else 0.0)
             outstanding.add_metric(lab, rep.outstanding_tokens)
             info = rep.info

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from starlette.responses import Response
 
+from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request
 from bouquet.gateway.http import encode_vectors, json_response
@@ -50,12 +51,19 @@ async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
                           "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
 
 
-async def health_route(gw: Gateway) -> Response:
-    """200 once a replica is loaded and warmed up, 503 before; the replicas as the pool sees them."""
-    replicas = [r.describe() for r in gw.pool.replicas]
-    ready = gw.pool.ready
-    return json_response({"status": "ok" if ready else "loading", "model": gw.public_id, "replicas": replicas},
-                         200 if ready else 503)
+async def health_route(models: Catalog) -> Response:
+    """200 once every model has a replica loaded and warmed up, 503 before; the replicas as the
+    pools see them: ``{"status", "model", "replicas"}`` for one model, ``{"status", "models":
+    [{"model", "task", "status", "replicas"}]}`` for several."""
+    ready = all(gw.pool.ready for gw in models.gateways)
+    status = 200 if ready else 503
+    if models.single:
+        gw = models.gateways[0]
+        return json_response({"status": "ok" if ready else "loading", "model": gw.public_id,
+                              "replicas": [r.describe() for r in gw.pool.replicas]}, status)
+    each = [{"model": gw.public_id, "task": gw.spec.task, "status": "ok" if gw.pool.ready else "loading",
+             "replicas": [r.describe() for r in gw.pool.replicas]} for gw in models.gateways]
+    return json_response({"status": "ok" if ready else "loading", "models": each}, status)
 
 
 def _model(gw: Gateway) -> dict[str, Any]:
@@ -63,17 +71,16 @@ def _model(gw: Gateway) -> dict[str, Any]:
             "aliases": sorted(gw.names - {gw.public_id})}
 
 
-async def models_route(gw: Gateway) -> Response:
-    """OpenAI "List models": the served model."""
-    return json_response({"object": "list", "data": [_model(gw)]})
+async def models_route(models: Catalog) -> Response:
+    """OpenAI "List models": the served models, in ``--model`` order."""
+    return json_response({"object": "list", "data": [_model(gw) for gw in models.gateways]})
 
 
-async def model_route(gw: Gateway, model: str) -> Response:
-    """OpenAI "Retrieve model" (``GET /v1/models/{model}``): the served model under any of its
+async def model_route(models: Catalog, model: str) -> Response:
+    """OpenAI "Retrieve model" (``GET /v1/models/{model}``): a served model under any of its
     names (ids may contain '/'). Raises APIError 404 for another name."""
-    gw.check_model(model)
-    return json_response(_model(gw))
+    return json_response(_model(models.find(model)))
 
 
-async def metrics_route(gw: Gateway) -> Response:
-    return Response(gw.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+async def metrics_route(models: Catalog) -> Response:
+    return Response(models.gateways[0].metrics.render(), media_type=METRICS_CONTENT_TYPE)  # one registry for all

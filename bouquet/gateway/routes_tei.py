@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, TOKENIZER_THREADS, Gateway
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.http import json_response
@@ -87,8 +88,10 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     return json_response(out)
 
 
-async def info_route(gw: Gateway) -> Response:
-    """TEI ``/info``: model id, dtype, type (embedding pooling or reranker labels) and limits."""
+async def info_route(models: Catalog) -> Response:
+    """TEI ``/info``: model id, dtype, type (embedding pooling or reranker labels) and limits, of
+    the first model (TEI serves one; with several, ``/v1/models`` lists them all)."""
+    gw = models.gateways[0]
     spec = gw.spec
     first = next((r.info for r in gw.pool.replicas if r.info is not None), None)
     if spec.task == "embed":

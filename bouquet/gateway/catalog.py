@@ -1,0 +1,99 @@
+"""The models one gateway process serves, their names, and which one a request goes to.
+
+One model (the common case): the front hands every request to its only Gateway and the routes
+check ``model`` themselves (``Gateway.check_model``); nothing here runs per request. Several
+models (``serve --model A --model B``): each has its own Gateway (replicas, tokenizer, spec) and
+the front calls ``Catalog.pick`` with the body's ``model``: one dict lookup by name or, without
+``model``, the first model of the kind the route needs (``RouteKind``). Names: each model answers
+to its public id (its ``--served-model-name``, else the ``--model`` value as given) and to its
+other aliases; two models may not share a name. What it does not own: HTTP (front.py), the
+per-model state (core.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+from bouquet.config import ConfigError, ServeConfig
+from bouquet.gateway.core import Gateway
+from bouquet.gateway.errors import APIError, bad_request
+from bouquet.modelspec import ModelSpec
+
+# The model a POST route needs: "embed" (embedding routes), "score" (rerank / score routes; an
+# embedding model scores by cosine where no scoring model is served), "any" (/tokenize).
+RouteKind = Literal["embed", "score", "any"]
+_KIND_WORDS = {"embed": "an embedding model", "score": "a scoring model"}
+
+
+def model_names(models: Sequence[tuple[ServeConfig, ModelSpec]]) -> list[tuple[str, frozenset[str]]]:
+    """Each model's (public id, every name it answers to), in order, from its single-model config
+    (``ServeConfig.per_model``) and spec: the first ``--served-model-name`` else the spec's id,
+    plus the spec's id and every ``--served-model-name``.
+
+    Raises ConfigError when two models share a name (the message names both models).
+    """
+    out: list[tuple[str, frozenset[str]]] = []
+    owner: dict[str, str] = {}
+    for cfg, spec in models:
+        public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
+        names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
+        for n in sorted(names):
+            if n in owner:
+                raise ConfigError(f"models {owner[n]!r} and {public_id!r} are both named {n!r}; give each model its "
+                                  "own --served-model-name (one per --model, in order)")
+            owner[n] = public_id
+        out.append((public_id, names))
+    return out
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The served models in ``--model`` order. ``by_name``: every name → its model;
+    ``first_of``: route kind → the first model of that kind (the first model when none is)."""
+
+    gateways: tuple[Gateway, ...]
+    by_name: dict[str, Gateway]
+    first_of: dict[str, Gateway]
+
+    @classmethod
+    def of(cls, gateways: Sequence[Gateway]) -> "Catalog":
+        """Raises ValueError for an empty list."""
+        if not gateways:
+            raise ValueError("a gateway serves at least one model")
+        by_name = {n: gw for gw in gateways for n in gw.names}
+        first_of = {kind: next((gw for gw in gateways if gw.spec.task == kind), gateways[0]) for kind in _KIND_WORDS}
+        first_of["any"] = gateways[0]
+        return cls(tuple(gateways), by_name, first_of)
+
+    @property
+    def single(self) -> bool:
+        return len(self.gateways) == 1
+
+    def find(self, model: Any) -> Gateway:
+        """The model named ``model``. Raises APIError 400 for a non-string, 404 for an unknown name
+        (listing the served ones)."""
+        if self.single:
+            self.gateways[0].check_model(model)  # today's single-model messages
+            return self.gateways[0]
+        gw = self.by_name.get(model) if isinstance(model, str) else None
+        if gw is None:
+            if not isinstance(model, str):
+                raise bad_request(f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
+            served = ", ".join(f"'{g.public_id}'" for g in self.gateways)
+            raise APIError(404, f"The model '{model}' does not exist; this server serves {served}", "model",
+                           "model_not_found")
+        return gw
+
+    def pick(self, model: Any, kind: RouteKind) -> Gateway:
+        """The model a request goes to (several models served): ``model`` when given, else the first
+        of ``kind``. Raises APIError (``find``'s, or 400 ``wrong_task`` when ``model`` is of the
+        other kind while a model of the fitting kind is served; the message names that one)."""
+        if model is None:
+            return self.first_of[kind]
+        gw = self.find(model)
+        if kind != "any" and gw.spec.task != kind:
+            fit = self.first_of[kind]
+            if fit.spec.task == kind:
+                raise bad_request(f"model '{model}' is {_KIND_WORDS[gw.spec.task]} and this route needs "
+                                  f"{_KIND_WORDS[kind]}: use model '{fit.public_id}'", "model", "wrong_task")
+        return gw
