@@ -6,8 +6,8 @@ transformers holding the very same random weights (bf16, SDPA), on a mixed-lengt
 
 Shapes: Qwen3-Embedding-0.6B (hidden 1024, 28 layers, 16 q / 8 kv heads × 128, intermediate
 3072, vocab 151669), Qwen3-Reranker-0.6B (same decoder, tied LM head), bge-base (BERT-base),
-XLM-R-base, DistilBERT-base (msmarco-distilbert). Weights are created directly on the device by
-transformers' random init and handed
+XLM-R-base, DistilBERT-base (msmarco-distilbert), RoBERTa-large (all-roberta-large-v1). Weights
+are created directly on the device by transformers' random init and handed
 to ``Engine.from_state_dict`` (no disk round trip). transformers runs one sequence at a time
 (no padding: the cleanest reference); bouquet runs the whole batch packed.
 
@@ -58,12 +58,15 @@ def configs(tiny: bool) -> dict[str, tuple[str, dict]]:
                 vocab_size=30522, max_position_embeddings=512, type_vocab_size=2)
     xlmr = dict(bert, vocab_size=250002, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
                 bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
+    roberta = dict(xlmr, vocab_size=50265, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                   intermediate_size=4096)  # all-roberta-large-v1
     # DistilBERT's config names (msmarco-distilbert-base-v4: 6 layers of BERT-base width)
     distilbert = dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072, vocab_size=30522, max_position_embeddings=512)
     if tiny:
         qwen.update(small, num_key_value_heads=2, head_dim=32, vocab_size=500, max_position_embeddings=256)
         bert.update(small, vocab_size=500, max_position_embeddings=128)
         xlmr.update(small, vocab_size=500, max_position_embeddings=130)
+        roberta.update(small, vocab_size=500, max_position_embeddings=130)
         distilbert.update(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=500, max_position_embeddings=128)
     return {
         "qwen3-embedding": ("Qwen3Model", qwen),
@@ -71,6 +74,7 @@ def configs(tiny: bool) -> dict[str, tuple[str, dict]]:
         "bge-base": ("BertModel", bert),
         "xlm-r-base": ("XLMRobertaModel", xlmr),
         "distilbert": ("DistilBertModel", distilbert),
+        "roberta-large": ("RobertaModel", roberta),
     }
 
 

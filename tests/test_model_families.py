@@ -18,8 +18,8 @@ from bouquet.engine.engine import Engine
 from bouquet.modelspec import ModelSpec, load_spec
 from tests.fixtures.tiny_models import KINDS, make_tiny_model
 
-EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert")
-SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross")
+EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert", "roberta")
+SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,8 @@ def reference(kind: str, path: Path, spec: ModelSpec, seqs: list[np.ndarray], ty
     cls = {"bert": tf.BertModel, "bert-cross": tf.BertForSequenceClassification, "xlmr": tf.XLMRobertaModel,
            "xlmr-cross": tf.XLMRobertaForSequenceClassification, "qwen3": tf.Qwen3Model,
            "qwen3-bidir": tf.Qwen3Model, "qwen3-reranker": tf.Qwen3ForCausalLM, "distilbert": tf.DistilBertModel,
-           "distilbert-cross": tf.DistilBertForSequenceClassification}[kind]
+           "distilbert-cross": tf.DistilBertForSequenceClassification, "roberta": tf.RobertaModel,
+           "roberta-cross": tf.RobertaForSequenceClassification}[kind]
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     kwargs: dict[str, object] = {}
     if kind == "qwen3-bidir":

@@ -80,6 +80,13 @@ SHAPES: dict[str, ModelShape] = {
                                             "model_type": "distilbert", "architectures": ["DistilBertModel"],
                                             "num_hidden_layers": 6, "hidden_dim": 3072, "activation": "gelu"},
                              "mean", 512),
+    # all-roberta-large-v1: RoBERTa-large (positions after padding: 514 rows for 512 tokens)
+    "roberta-large": ModelShape("roberta-large", {**_BERT_BASE, "model_type": "roberta", "architectures": ["RobertaModel"],
+                                                  "vocab_size": 50265, "hidden_size": 1024, "num_hidden_layers": 24,
+                                                  "num_attention_heads": 16, "intermediate_size": 4096,
+                                                  "max_position_embeddings": 514, "type_vocab_size": 1,
+                                                  "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0,
+                                                  "eos_token_id": 2}, "mean", 512),
 }
 
 

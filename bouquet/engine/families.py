@@ -79,6 +79,11 @@ FAMILIES: dict[str, Family] = {
     "XLMRobertaModel": Family("xlm_roberta", "XLMRobertaModel", positions_after_padding=True),
     "XLMRobertaForSequenceClassification": Family("xlm_roberta", "XLMRobertaForSequenceClassification",
                                                   score_head=True, pooling="cls", positions_after_padding=True),
+    # RoBERTa (all-roberta-large-v1) is XLM-R's architecture under another name: same parameters,
+    # positions after padding, the same classification head
+    "RobertaModel": Family("xlm_roberta", "XLMRobertaModel", positions_after_padding=True),
+    "RobertaForSequenceClassification": Family("xlm_roberta", "XLMRobertaForSequenceClassification",
+                                               score_head=True, pooling="cls", positions_after_padding=True),
     "DistilBertModel": Family("distilbert", "DistilBertModel"),
     "DistilBertForSequenceClassification": Family("distilbert", "DistilBertForSequenceClassification",
                                                   score_head=True, pooling="cls"),

@@ -1,4 +1,5 @@
-"""XLM-RoBERTa (multilingual-e5, bge-m3 dense, bge-reranker) on packed sequences.
+"""XLM-RoBERTa (multilingual-e5, bge-m3 dense, bge-reranker) and RoBERTa (all-roberta-large-v1:
+the same architecture and parameter names, served by these classes) on packed sequences.
 
 Same layers as BERT (``bert.py``); what differs, following HF
 ``transformers/models/xlm_roberta/modeling_xlm_roberta.py``:
