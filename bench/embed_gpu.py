@@ -8,7 +8,7 @@ lengths are exact), then measures
   * job: the whole `bouquet embed` pipeline (JSONL read, tokenization, engine, Parquet write)
     with the same, already warm engine;
 and prints both, their ratio, and writes them as JSON to OUT_JSON. ``--noop`` adds the host-side
-ceiling: the same job with a no-op engine (bench/noop_engine.py: zero vectors at once), i.e. read +
+ceiling: the same job with a no-op engine (bouquet/engine/noop.py: unit vectors at once), i.e. read +
 tokenize + pack + write alone; ``--sweep-threads 2,4,8`` repeats the job(s) per tokenizer-thread count
 with the same warm engine; ``--host-only`` skips the real engine (a CPU-only machine).
 
@@ -104,9 +104,9 @@ def main() -> None:
     a.noop = a.noop or a.host_only
     import torch
 
-    from bench.noop_engine import NoopEngine
     from bouquet.bench.models import SHAPES, TINY_BERT, make_model_dir
     from bouquet.engine.engine import resolve_device, resolve_dtype
+    from bouquet.engine.noop import NoopEngine
     from bouquet.tokenization import TextTokenizer
     from bouquet.config import batch_token_budget
     from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, reserve_cores_for_engine,
@@ -130,7 +130,7 @@ def main() -> None:
         engine.warmup()
     # A modelled device is pipelined as the job pipelines CUDA (one batch in flight ahead).
     noop_device = torch.device("cuda") if a.host_only and a.simulate_rows_per_s > 0 else device
-    noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s)
+    noop = NoopEngine(spec, noop_device, resolve_dtype(a.dtype, device), a.simulate_rows_per_s, random_rows=True)
     budget = batch_token_budget(a.max_batch_tokens, device.type, spec.max_seq_length)
     res: dict[str, object] = {
         "commit": source_commit(REPO),
