@@ -4,6 +4,19 @@ Models call ``backend.attend(q, k, v, meta)`` with q ``[T, H, D]`` and k/v ``[T,
 (grouped-query attention when Hkv < H) and get ``[T, H, D]`` back. ``meta`` is built once per
 forward pass by ``backend.prepare`` and shared by every layer.
 
+Sliding-window layers (ModernBERT's local layers) pass ``window=W``: query i of a sequence sees
+key j of the same sequence only when |i − j| ≤ W (and j ≤ i when causal), the band of
+transformers' ``sliding_window_bidirectional_overlay`` (W = ``local_attention // 2``). A window
+at least ``max_seqlen − 1`` wide hides nothing, so it runs as full attention. Cost: on CUDA
+varlen passes W to FlashAttention-2 (``window_size=(W, W)``), which skips the key blocks outside
+the band (~T·(2W+1) scores instead of Σ L²); the window is a host int, so graphs stay valid.
+Measured on the H200 for W = 64, 12 heads × 64 (bench/results/h200-2026-11-30-modernbert/):
+1 × 8,192 tokens 0.10 ms vs 0.66 ms unwindowed (cuDNN, which takes no window, 0.43 ms), 8 × 2,048
+0.15 vs 0.36 (0.22) ms, but 32 × 512 0.16 vs 0.11 (0.07) ms: below ~1k tokens per sequence the
+banded kernel is slower than full attention, and the band is paid for exactness, not speed. On
+the CPU each length group runs SDPA with a boolean band mask [L, L] (cached per length): all L²
+scores are still computed, so a windowed layer costs what a global one does.
+
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen inside), CUDA,
   fp16/bf16. ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
@@ -21,6 +34,7 @@ forward pass by ``backend.prepare`` and shared by every layer.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -57,8 +71,16 @@ class AttentionBackend:
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
+               window: int | None = None) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] → [T, H, D]; ``window``: sliding-window half-width W
+        (see the module docstring), None = the whole sequence."""
         raise NotImplementedError
+
+
+def _windowed(window: int | None, meta: AttnMeta) -> bool:
+    """Whether ``window`` can hide a key from a query: some sequence is longer than W + 1."""
+    return window is not None and window < meta.max_seqlen - 1
 
 
 class VarlenBackend(AttentionBackend):
@@ -72,12 +94,14 @@ class VarlenBackend(AttentionBackend):
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal, uniform=uniform)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
-        if meta.uniform:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
+               window: int | None = None) -> torch.Tensor:
+        w = window if _windowed(window, meta) else -1
+        if meta.uniform and w < 0:  # cuDNN takes no window: banded layers stay on FlashAttention-2
             return self._uniform(q, k, v, meta)
-        window = (-1, 0) if meta.causal else (-1, -1)
+        size = (w, 0) if meta.causal else (w, w)
         cu = meta.cu_seqlens
-        return self._fn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, window_size=window)
+        return self._fn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, window_size=size)
 
 
     @staticmethod
@@ -115,14 +139,19 @@ class SdpaGroupedBackend(AttentionBackend):
             groups = [LengthGroup(groups[0].length, groups[0].count, None)]  # one run, in order
         return AttnMeta(cu_seqlens, int(max_seqlen), causal, groups=groups)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
+               window: int | None = None) -> torch.Tensor:
         assert meta.groups is not None
         gqa = k.shape[1] != q.shape[1]
         T, H, D = q.shape
 
         def run(g: LengthGroup, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
             qs, ks, vs = (x.view(g.count, g.length, x.shape[1], D).transpose(1, 2) for x in xs)  # [n, H, len, D]
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal, enable_gqa=gqa)
+            if window is not None and window < g.length - 1:
+                mask = band_mask(g.length, window, meta.causal, q.device)  # [len, len] bool, True = attend
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=gqa)
+            else:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal, enable_gqa=gqa)
             return o.transpose(1, 2).reshape(g.count * g.length, H, D)
 
         if len(meta.groups) == 1 and meta.groups[0].index is None:
@@ -132,6 +161,16 @@ class SdpaGroupedBackend(AttentionBackend):
             assert g.index is not None
             out.index_copy_(0, g.index, run(g, tuple(x.index_select(0, g.index) for x in (q, k, v))))
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def band_mask(length: int, window: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """[length, length] bool, True where key j is visible from query i: |i − j| ≤ window, and
+    j ≤ i when causal. Cached: every windowed layer of a forward pass asks for the same lengths."""
+    i = torch.arange(length, device=device)
+    d = i[:, None] - i[None, :]  # [L, L] query − key
+    keep = d.abs() <= window
+    return keep & (d >= 0) if causal else keep
 
 
 def select_backend(device: torch.device, dtype: torch.dtype, override: str | None = None) -> AttentionBackend:
