@@ -88,6 +88,9 @@ class ModelSpec:
     # sentence-transformers steps after pooling (Dense layers, a Normalize between them), run by
     # the engine (engine/st_head.py); st_modules.py reads them from modules.json.
     head_steps: tuple[Step, ...] = ()
+    # SPLADE (a masked LM, family row ``sparse``): each row is vocabulary-sized (``dimension`` =
+    # vocab_size), mostly zeros; the gateway sends it as (index, value) pairs (/embed_sparse).
+    sparse: bool = False
 
     @property
     def tokenizer_path(self) -> Path:
@@ -182,8 +185,11 @@ def spec_from_config(
     lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
     task: Task = "score" if row.score_head or lm_reranker else "embed"
     pooling = st.pooling if st.pooling is not None else row.default_pooling(causal or lm_reranker)
+    sparse = row.sparse or st.sparse
+    if sparse and not pooling.startswith("splade"):
+        pooling = "splade"  # SPLADE-v2's max of log(1 + relu(logits)) when no SpladePooling says otherwise
     pooling = str(bouquet_cfg.get("pooling", pooling))
-    normalize = bool(bouquet_cfg.get("normalize", st.normalize if modules else task == "embed"))
+    normalize = bool(bouquet_cfg.get("normalize", st.normalize if modules else task == "embed" and not sparse))
 
     max_len = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
     if st_max_seq_length:
@@ -209,6 +215,8 @@ def spec_from_config(
         dimension = 1 if yes_no else num_labels
     else:
         dimension = st.dimension or hidden_size(cfg) * len(pooling.split("+"))
+    if sparse:
+        dimension = int(cfg["vocab_size"])
     append_eos = None
     if causal and task == "embed":
         # Qwen3-Embedding pools on <|endoftext|>, which its tokenizer appends; prefer the
@@ -239,6 +247,7 @@ def spec_from_config(
         pair_template=pair_template,
         default_instruction=row.default_instruction if lm_reranker else None,
         head_steps=st.steps,
+        sparse=sparse,
     )
 
 

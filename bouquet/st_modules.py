@@ -29,10 +29,9 @@ _LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max
 # sentence-transformers writes as ``activation_function`` (its ``fullname`` of the module).
 ACTIVATIONS = {"Tanh": "tanh", "Identity": "identity", "ReLU": "relu", "GELU": "gelu", "Sigmoid": "sigmoid",
                "SiLU": "silu"}
-# Module types that are the transformer itself (run by the engine's model class).
-_TRANSFORMER = ("Transformer",)
-# Sparse-encoder modules (SPLADE): the masked-LM transformer and its max-over-tokens pooling.
-_SPARSE = ("MLMTransformer", "SpladePooling")
+# SpladePooling (pooling_strategy, activation_function) → bouquet's pooling name (engine/pooling.py)
+SPLADE_POOLINGS = {("max", "relu"): "splade", ("sum", "relu"): "splade_sum", ("max", "log1p_relu"): "splade_log1p",
+                   ("sum", "log1p_relu"): "splade_sum_log1p"}
 
 
 class ModuleError(ValueError):
@@ -67,7 +66,7 @@ class StModules:
                     that a Dense follows
     normalize       the chain ends with Normalize (applied in ``pooling.finalize``)
     dimension       the output size after the last Dense (None: no Dense)
-    sparse          a SPLADE chain (MLMTransformer + SpladePooling)
+    sparse          a SPLADE chain (MLMTransformer, SpladePooling): vocabulary-sized rows
     """
 
     pooling: str | None = None
@@ -145,12 +144,16 @@ def read_modules(path: Path, modules: list[dict[str, Any]], hidden_size: int) ->
             # A module after Normalize would act on normalized vectors; finalize normalizes last.
             steps.append("normalize")
             normalize = False
-        if name in _TRANSFORMER and i == 0:
+        if name in ("Transformer", "MLMTransformer") and i == 0:
+            sparse = name == "MLMTransformer"
             continue
-        if name in _SPARSE:
-            sparse = True
-            continue
-        if name == "Pooling":
+        if name == "SpladePooling":
+            cfg = _read_json(where / "config.json") if (where / "config.json").exists() else {}
+            key = (cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu"))
+            if key not in SPLADE_POOLINGS:
+                raise ModuleError(f"{where}: SpladePooling {key} is not supported; supported: {sorted(SPLADE_POOLINGS)}")
+            pooling, sparse = SPLADE_POOLINGS[key], True
+        elif name == "Pooling":
             cfg = _read_json(where / "config.json")
             modes = pooling_modes(cfg, where)
             pooling = "+".join(POOLING_NAMES[x] for x in modes)
@@ -167,5 +170,6 @@ def read_modules(path: Path, modules: list[dict[str, Any]], hidden_size: int) ->
             normalize = True
         else:
             raise ModuleError(f"modules.json of {path} declares module {i} {kind!r} (path {m.get('path')!r}), which "
-                              "bouquet does not run; supported: Transformer, Pooling, Dense, Normalize")
+                              "bouquet does not run; supported: Transformer, Pooling, Dense, Normalize, and "
+                              "MLMTransformer with SpladePooling")
     return StModules(pooling, include_prompt, tuple(steps), normalize, dense_dim, sparse)

@@ -52,6 +52,8 @@ class Family:
     reranker_template       a causal LM of this family can be a yes/no reranker with this prompt
                             (placeholders {instruction} {query} {document}); None: it cannot
     default_instruction     the reranker's {instruction} when the request gives none
+    sparse                  a masked LM served as a SPLADE encoder: its logits pooled into one
+                            vocabulary-sized row per text (``/embed_sparse``)
     """
 
     module: str
@@ -63,6 +65,7 @@ class Family:
     positions_after_padding: bool = False
     reranker_template: str | None = None
     default_instruction: str | None = None
+    sparse: bool = False
 
     def position_offset(self, cfg: dict[str, Any]) -> int:
         """Row of ``position_embeddings`` that holds position 0 (0, or ``pad_token_id + 1``)."""
@@ -76,6 +79,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "BertModel": Family("bert", "BertModel"),
     "BertForSequenceClassification": Family("bert", "BertForSequenceClassification", score_head=True, pooling="cls"),
+    "BertForMaskedLM": Family("masked_lm", "BertForMaskedLM", sparse=True),
     "XLMRobertaModel": Family("xlm_roberta", "XLMRobertaModel", positions_after_padding=True),
     "XLMRobertaForSequenceClassification": Family("xlm_roberta", "XLMRobertaForSequenceClassification",
                                                   score_head=True, pooling="cls", positions_after_padding=True),

@@ -4,7 +4,10 @@ Pooling acts on packed hidden states, the segment id of each token and ``cu_seql
 (sentence-transformers 6.2's ``Pooling`` semantics, without padding; its flattened-input path
 ``_forward_flattened``): CLS = row ``cu[:-1]``, last token = row ``cu[1:] - 1``, mean = per-sequence
 sum / length, mean_sqrt_len = sum / sqrt(length), max = per-sequence elementwise maximum,
-weightedmean = sum of ``(position + 1) * row`` / sum of ``(position + 1)``. One implementation per
+weightedmean = sum of ``(position + 1) * row`` / sum of ``(position + 1)``; SPLADE (on masked-LM
+logits [T, vocab], sentence-transformers' ``SpladePooling``) = max (or sum) over the sequence of
+log(1 + relu(logits)), every token of the sequence included (special tokens too, as there and in
+the SPLADE papers' code). One implementation per
 mode, the graph-safe one, picked once per engine by ``pooler(mode)``; several modes joined by "+"
 are concatenated in that order, as sentence-transformers concatenates them. Finalization
 (``finalize``) follows the Matryoshka recipe of Kusupati et al. 2022 / sentence-transformers'
@@ -23,7 +26,8 @@ if TYPE_CHECKING:
 # every replica, the no-op one included, whose process would otherwise pay torch's import (~2 s)
 # and carry its ~10^5 extra objects through every garbage collection.
 
-POOLINGS = ("cls", "mean", "last", "max", "mean_sqrt_len", "weightedmean")
+POOLINGS = ("cls", "mean", "last", "max", "mean_sqrt_len", "weightedmean",
+            "splade", "splade_sum", "splade_log1p", "splade_sum_log1p")
 
 # A pooling function: hidden [T, D] (any float dtype), seg_ids [T] int32 (sequence index of each
 # token; padding tokens carry B, a row that is dropped), cu_seqlens [B+1] int32 → [B, D] float32.
@@ -78,8 +82,9 @@ def pool_max(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tens
 
     n = cu_seqlens.shape[0] - 1
     idx = seg_ids.to(torch.int64).unsqueeze(1).expand(-1, hidden.shape[1])
-    out = torch.full((n + 1, hidden.shape[1]), float("-inf"), device=hidden.device, dtype=torch.float32)
-    return out.scatter_reduce_(0, idx, hidden.float(), reduce="amax")[:n]
+    # the maximum is exact in any dtype: reduce in the model's, convert the [B, D] result only
+    out = torch.full((n + 1, hidden.shape[1]), float("-inf"), device=hidden.device, dtype=hidden.dtype)
+    return out.scatter_reduce_(0, idx, hidden, reduce="amax")[:n].float()
 
 
 def pool_weightedmean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -100,8 +105,30 @@ def pool_weightedmean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: t
     return sums[:n] / wsum[:n].clamp(min=1e-9)
 
 
+def _splade(reduce: str, log1p_twice: bool) -> PoolFn:
+    """SPLADE pooling of logits [T, vocab] → [B, vocab] float32: ``reduce`` ("max" or "sum") over
+    the sequence of log(1 + relu(x)) (``log1p_twice``: log(1 + log(1 + relu(x))), the
+    ``log1p_relu`` activation of OpenSearch's models). For max, the transform is applied after the
+    maximum (it is non-decreasing, so the result is the same) to [B, vocab] instead of [T, vocab]."""
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        y = torch.log1p(torch.relu(x.float()))
+        return torch.log1p(y) if log1p_twice else y
+
+    def pool(logits: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        if reduce == "max":
+            return act(pool_max(logits, seg_ids, cu_seqlens))
+        return _segment_sums(act(logits), seg_ids, cu_seqlens)[0]
+
+    return pool
+
+
 _POOLERS: dict[str, PoolFn] = {"cls": pool_cls, "mean": pool_mean, "last": pool_last, "max": pool_max,
-                               "mean_sqrt_len": pool_mean_sqrt_len, "weightedmean": pool_weightedmean}
+                               "mean_sqrt_len": pool_mean_sqrt_len, "weightedmean": pool_weightedmean,
+                               "splade": _splade("max", False), "splade_sum": _splade("sum", False),
+                               "splade_log1p": _splade("max", True), "splade_sum_log1p": _splade("sum", True)}
 
 
 def pooler(mode: str) -> PoolFn:

@@ -23,6 +23,10 @@ _LONG = {"type": "string", "enum": ["truncate", "error", "chunk_mean", "chunks"]
                         "windows) | chunks (also one vector per window). Must agree with `truncate` when both are sent."}
 _PRIORITY = {"type": "string", "enum": ["interactive", "batch", "auto"]}
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "total_tokens": _INT}}
+_SPARSE_OPTIONS = {  # sparse (SPLADE) models only
+    "top_k": {"type": "integer", "minimum": 1, "description": "Sparse models: keep the k largest terms"},
+    "threshold": {"type": "number", "minimum": 0, "description": "Sparse models: keep terms above this (default 0)"},
+}
 
 
 def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -32,6 +36,7 @@ def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, 
 OPENAI_ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": {"type": "string", "nullable": True},
                                    "code": {"type": "string", "nullable": True}})}, ["error"])
 TEI_ERROR = _obj({"error": _STR, "error_type": _STR}, ["error", "error_type"])
+_SPARSE_VEC = _obj({"indices": _IDS, "values": _VEC})
 
 EMBEDDINGS_REQUEST = _obj({
     "input": _INPUT, "model": _STR,
@@ -39,12 +44,14 @@ EMBEDDINGS_REQUEST = _obj({
     "dimensions": {"type": "integer", "minimum": 1, "description": "Matryoshka: keep the first N values, re-normalize"},
     "user": _STR, "truncate": _BOOL, "truncation_side": {"type": "string", "enum": ["left", "right"]},
     "long_input": _LONG, "prompt_name": _STR, "prompt": _STR, "normalize": _BOOL, "priority": _PRIORITY,
+    **_SPARSE_OPTIONS,
 }, ["input"])
 _CHUNK = _obj({"embedding": {"oneOf": [_VEC, _STR]}, "tokens": {**_IDS, "description": "[start, end) token offsets"},
                "chars": {**_IDS, "description": "[start, end) character offsets"}})
 EMBEDDINGS_RESPONSE = _obj({
     "object": _STR, "model": _STR, "usage": _USAGE,
-    "data": {"type": "array", "items": _obj({"object": _STR, "index": _INT, "embedding": {"oneOf": [_VEC, _STR]},
+    "data": {"type": "array", "items": _obj({"object": _STR, "index": _INT,
+                                             "embedding": {"oneOf": [_VEC, _STR, _SPARSE_VEC]},
                                              "chunks": {"type": "array", "items": _CHUNK}})},
 })
 _SCORING_EXT = {"raw_scores": _BOOL, "truncate": _BOOL, "instruction": _STR, "priority": _PRIORITY}
@@ -63,6 +70,11 @@ TEI_EMBED_REQUEST = _obj({
     "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]},
 }, ["inputs"])
 TEI_EMBED_RESPONSE = {"type": "array", "items": _VEC}
+TEI_EMBED_SPARSE_REQUEST = _obj({
+    "inputs": _INPUT, "truncate": _BOOL, "truncation_direction": {"type": "string", "enum": ["Left", "Right"]},
+    "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY, **_SPARSE_OPTIONS,
+}, ["inputs"])
+TEI_EMBED_SPARSE_RESPONSE = {"type": "array", "items": {"type": "array", "items": _obj({"index": _INT, "value": _NUM})}}
 TEI_RERANK_REQUEST = _obj({"query": _STR, "texts": {"type": "array", "items": _STR}, "return_text": _BOOL,
                            "truncation_direction": _STR, **_SCORING_EXT}, ["query", "texts"])
 TEI_RERANK_RESPONSE = {"type": "array", "items": _obj({"index": _INT, "score": _NUM, "text": _STR})}

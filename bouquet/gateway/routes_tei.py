@@ -37,6 +37,8 @@ async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed`` → ``[[float, ...], ...]``, one vector per input (also for a single string)."""
     if gw.spec.task != "embed":
         raise APIError(424, f"model '{gw.public_id}' is not an embedding model; use /rerank", "inputs", "wrong_task")
+    if gw.spec.sparse:
+        raise APIError(424, f"model '{gw.public_id}' is a sparse (SPLADE) model; use /embed_sparse", "inputs", "wrong_task")
     inputs = parse_inputs(body.get("inputs"), "inputs", gw.cfg.max_inputs)
     mode = long_input_mode(body, gw.cfg.truncate)
     if mode == "chunks":

@@ -1,0 +1,134 @@
+"""SPLADE sparse outputs (issue 15 item 3): a tiny ``BertForMaskedLM`` with random weights, saved
+by transformers, served by bouquet; every nonzero term of its vocabulary-sized row equals the
+reference formula max_t log(1 + relu(logits[t])) over transformers' MaskedLM logits (same
+weights; relative error ≤ 1e-4), and the zero terms are zero. The same directory saved by
+sentence-transformers' ``SparseEncoder`` (MLMTransformer + SpladePooling) gives its vectors.
+/embed_sparse and the /v1/embeddings extension are checked end to end over HTTP.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
+from bouquet.modelspec import load_spec
+from bouquet.tokenization import TextTokenizer
+from tests.fixtures.tiny_models import make_tiny_model
+
+TEXTS = ["x", "hello world", "a somewhat longer sentence about search and ranking",
+         " ".join(["river mountain city music paper"] * 12)]
+
+
+@pytest.fixture(scope="module")
+def splade_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BertForMaskedLM directory (the tiny BERT's tokenizer and config)."""
+    import transformers as tf
+
+    root = tmp_path_factory.mktemp("splade")
+    base = make_tiny_model("bert", root / "base")
+    cfg = tf.BertConfig.from_pretrained(str(base))
+    torch.manual_seed(5)
+    out = root / "splade"
+    tf.BertForMaskedLM(cfg).eval().save_pretrained(str(out))
+    shutil.copy(base / "tokenizer.json", out / "tokenizer.json")
+    return out
+
+
+def reference_rows(model_dir: Path, ids: list[np.ndarray]) -> np.ndarray:
+    """max over each text's tokens of log(1 + relu(MaskedLM logits)), padded batch + mask."""
+    import transformers as tf
+
+    model = tf.BertForMaskedLM.from_pretrained(str(model_dir)).eval()
+    n = max(len(s) for s in ids)
+    x = torch.zeros(len(ids), n, dtype=torch.long)
+    mask = torch.zeros(len(ids), n, dtype=torch.long)
+    for i, s in enumerate(ids):
+        x[i, :len(s)] = torch.from_numpy(s.astype(np.int64))
+        mask[i, :len(s)] = 1
+    with torch.inference_mode():
+        logits = model(input_ids=x, attention_mask=mask).logits  # [B, n, V]
+    return (torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1)).amax(dim=1).numpy()
+
+
+def bouquet_rows(model_dir: Path, texts: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+    spec = load_spec(str(model_dir))
+    ids = TextTokenizer(spec).encode(texts).ids
+    with torch.inference_mode():
+        rows = Engine(spec, "cpu", "float32").step(Batch.pack(ids)).wait()
+    return rows, ids
+
+
+def check_terms(got: np.ndarray, ref: np.ndarray) -> None:
+    """Every nonzero term within 1e-4 relative error; terms within float32's rounding of the
+    logits (2e-6 absolute: a logit of 0.001 differs in its last bits between two summation
+    orders) are held to that instead, and terms the reference leaves at zero stay below it."""
+    nz = ref > 0
+    assert nz.sum(axis=1).min() > 0
+    assert np.abs(got[~nz]).max(initial=0) <= 2e-6, "a term the reference leaves at zero is nonzero"
+    err = np.abs(got[nz] - ref[nz])
+    assert (err <= 1e-4 * ref[nz] + 2e-6).all(), (err / ref[nz]).max()
+    big = ref[nz] >= 0.02  # away from the rounding floor: relative error alone
+    assert (err[big] / ref[nz][big]).max() <= 1e-4
+
+
+def test_splade_rows_equal_formula_on_transformers_logits(splade_dir):
+    spec = load_spec(str(splade_dir))
+    assert spec.sparse and spec.dimension == spec.vocab_size and not spec.normalize
+    got, ids = bouquet_rows(splade_dir, TEXTS)
+    assert got.shape == (len(TEXTS), spec.vocab_size)
+    check_terms(got, reference_rows(splade_dir, ids))
+
+
+def test_splade_sentence_transformers_sparse_encoder(splade_dir, tmp_path):
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    out = tmp_path / "st"
+    SparseEncoder(modules=[MLMTransformer(str(splade_dir), max_seq_length=64), SpladePooling("max")],
+                  device="cpu").save(str(out))
+    assert load_spec(str(out)).pooling == "splade"
+    ref = SparseEncoder(str(out), device="cpu").encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    got, _ = bouquet_rows(out, TEXTS)
+    check_terms(got, ref)
+
+
+def test_embed_sparse_and_openai_extension_over_http(splade_dir):
+    import httpx
+
+    from helpers import BouquetProcess
+
+    got, ids = bouquet_rows(splade_dir, TEXTS)
+    srv = BouquetProcess("--model", str(splade_dir), "--log-level", "warning")
+    try:
+        r = httpx.post(srv.url + "/embed_sparse", json={"inputs": TEXTS}, timeout=60)
+        assert r.status_code == 200, r.text
+        for row, terms in zip(got, r.json()):
+            idx = [t["index"] for t in terms]
+            assert idx == sorted(idx) and idx == np.flatnonzero(row > 0).tolist()
+            np.testing.assert_allclose([t["value"] for t in terms], row[idx], rtol=1e-6)
+        # top_k: the k largest, still in index order; threshold: only the terms above it
+        r = httpx.post(srv.url + "/embed_sparse", json={"inputs": TEXTS[2], "top_k": 5, "threshold": 0.1}, timeout=60)
+        terms = r.json()[0]
+        row = got[2]
+        want = np.sort(np.argsort(-row, kind="stable")[:5])
+        assert [t["index"] for t in terms] == want.tolist() and min(t["value"] for t in terms) > 0.1
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[:2], "threshold": 0.5}, timeout=60)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        for i, item in enumerate(body["data"]):
+            assert item["object"] == "sparse_embedding" and item["index"] == i
+            emb = item["embedding"]
+            assert emb["indices"] == np.flatnonzero(got[i] > 0.5).tolist()
+            np.testing.assert_allclose(emb["values"], got[i][emb["indices"]], rtol=1e-6)
+        assert body["usage"]["prompt_tokens"] == sum(len(s) for s in ids[:2])
+        for path, extra in (("/embed", {}), ("/embed_sparse", {"top_k": 0}), ("/embed_sparse", {"dimensions": 4})):
+            r = httpx.post(srv.url + path, json={"inputs": "x", **extra}, timeout=60)
+            assert r.status_code == (424 if path == "/embed" else 400), r.text
+            assert r.json()["error"]
+    finally:
+        srv.stop()
