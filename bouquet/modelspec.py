@@ -176,10 +176,12 @@ def spec_from_config(
         st = read_modules(path, modules, hidden_size(cfg)) if path is not None else StModules()
     except ModuleError as e:
         raise ModelError(str(e)) from None
-    if not st.include_prompt:
+    if not st.include_prompt and st.pooling != "last":
         # Leaving the prompt out of pooling needs each sequence's prompt length in the replica
-        # protocol, which it does not carry yet: refuse rather than pool the prompt silently.
-        raise ModelError(f"{path}: 1_Pooling sets include_prompt=false, which bouquet does not support yet")
+        # protocol, which it does not carry yet: refuse rather than pool the prompt silently. The
+        # last token is never a prompt token, so last-token pooling is the same either way.
+        raise ModelError(f"{path}: 1_Pooling sets include_prompt=false with {st.pooling!r} pooling, which bouquet "
+                         "does not support yet (only last-token pooling, where the prompt never counts)")
     bouquet_cfg = cfg.get("bouquet", {})  # optional overrides written by a deployer
     causal = is_causal(cfg)
     lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")

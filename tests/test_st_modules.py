@@ -145,6 +145,19 @@ def test_unsupported_module_refuses_to_start(tiny_bert, tmp_path):
         BouquetProcess("--model", str(d), "--log-level", "warning", startup_timeout=120).stop()
 
 
+def test_include_prompt_false_with_last_token_pooling(tiny_bert, tmp_path):
+    """Last-token pooling never reads a prompt token, so include_prompt=false changes nothing and
+    is served; with a prompt, the vectors still equal sentence-transformers'."""
+    from sentence_transformers import SentenceTransformer
+
+    d = write_st_model(tiny_bert, tmp_path / "m", "lasttoken", [TANH])
+    pool_cfg = d / "1_Pooling" / "config.json"
+    pool_cfg.write_text(json.dumps({**json.loads(pool_cfg.read_text()), "include_prompt": False}))
+    prompt = "query: "
+    ref = SentenceTransformer(str(d), device="cpu").encode(TEXTS, prompt=prompt, batch_size=len(TEXTS))
+    assert cosine_rows(bouquet_vectors(d, [prompt + t for t in TEXTS]), ref).min() >= 0.9999
+
+
 @pytest.mark.parametrize("case", ["custom", "activation", "pickle", "include_prompt"])
 def test_unsupported_settings_are_named(tiny_bert, tmp_path, case):
     d = write_st_model(tiny_bert, tmp_path / "m", "mean", [TANH])
