@@ -6,7 +6,8 @@ transformers holding the very same random weights (bf16, SDPA), on a mixed-lengt
 
 Shapes: Qwen3-Embedding-0.6B (hidden 1024, 28 layers, 16 q / 8 kv heads × 128, intermediate
 3072, vocab 151669), Qwen3-Reranker-0.6B (same decoder, tied LM head), bge-base (BERT-base),
-XLM-R-base, DistilBERT-base (msmarco-distilbert), RoBERTa-large (all-roberta-large-v1). Weights
+XLM-R-base, DistilBERT-base (msmarco-distilbert), RoBERTa-large (all-roberta-large-v1),
+MPNet-base (all-mpnet-base-v2: relative position bias, the memory-efficient attention kernel on CUDA). Weights
 are created directly on the device by transformers' random init and handed
 to ``Engine.from_state_dict`` (no disk round trip). transformers runs one sequence at a time
 (no padding: the cleanest reference); bouquet runs the whole batch packed.
@@ -60,6 +61,10 @@ def configs(tiny: bool) -> dict[str, tuple[str, dict]]:
                 bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
     roberta = dict(xlmr, vocab_size=50265, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                    intermediate_size=4096)  # all-roberta-large-v1
+    # all-mpnet-base-v2: BERT-base width, RoBERTa-style positions, relative position bias (32 buckets)
+    mpnet = dict(bert, vocab_size=30527, max_position_embeddings=514, pad_token_id=1, bos_token_id=0,
+                 eos_token_id=2, layer_norm_eps=1e-5, relative_attention_num_buckets=32)
+    del mpnet["type_vocab_size"]
     # DistilBERT's config names (msmarco-distilbert-base-v4: 6 layers of BERT-base width)
     distilbert = dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072, vocab_size=30522, max_position_embeddings=512)
     if tiny:
@@ -67,6 +72,7 @@ def configs(tiny: bool) -> dict[str, tuple[str, dict]]:
         bert.update(small, vocab_size=500, max_position_embeddings=128)
         xlmr.update(small, vocab_size=500, max_position_embeddings=130)
         roberta.update(small, vocab_size=500, max_position_embeddings=130)
+        mpnet.update(small, vocab_size=500, max_position_embeddings=202)  # distances past 128: every bucket
         distilbert.update(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=500, max_position_embeddings=128)
     return {
         "qwen3-embedding": ("Qwen3Model", qwen),
@@ -75,6 +81,7 @@ def configs(tiny: bool) -> dict[str, tuple[str, dict]]:
         "xlm-r-base": ("XLMRobertaModel", xlmr),
         "distilbert": ("DistilBertModel", distilbert),
         "roberta-large": ("RobertaModel", roberta),
+        "mpnet-base": ("MPNetModel", mpnet),
     }
 
 
@@ -106,7 +113,8 @@ def check(name: str, cls_name: str, kwargs: dict, device: str, dtype: torch.dtyp
     torch.manual_seed(seed)
     cfg = getattr(tf, cls_name).config_class(**kwargs)
     with torch.device(device):  # random init straight on the device
-        model = getattr(tf, cls_name)._from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
+        impl = "eager" if cls_name.startswith("MPNet") else "sdpa"  # transformers' MPNet has only eager
+        model = getattr(tf, cls_name)._from_config(cfg, dtype=dtype, attn_implementation=impl).eval()
     cfg_dict = dict(cfg.to_dict(), architectures=[cls_name])
     yes_no = (9693, 2152) if not tiny else (7, 8)  # Qwen's "yes" / "no"
     if name == "qwen3-reranker":

@@ -18,8 +18,8 @@ from bouquet.engine.engine import Engine
 from bouquet.modelspec import ModelSpec, load_spec
 from tests.fixtures.tiny_models import KINDS, make_tiny_model
 
-EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert", "roberta")
-SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross")
+EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert", "roberta", "mpnet")
+SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross", "mpnet-cross")
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,10 @@ def reference(kind: str, path: Path, spec: ModelSpec, seqs: list[np.ndarray], ty
            "xlmr-cross": tf.XLMRobertaForSequenceClassification, "qwen3": tf.Qwen3Model,
            "qwen3-bidir": tf.Qwen3Model, "qwen3-reranker": tf.Qwen3ForCausalLM, "distilbert": tf.DistilBertModel,
            "distilbert-cross": tf.DistilBertForSequenceClassification, "roberta": tf.RobertaModel,
-           "roberta-cross": tf.RobertaForSequenceClassification}[kind]
-    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+           "roberta-cross": tf.RobertaForSequenceClassification, "mpnet": tf.MPNetModel,
+           "mpnet-cross": tf.MPNetForSequenceClassification}[kind]
+    impl = "eager" if kind.startswith("mpnet") else "sdpa"  # MPNet has only its eager attention in transformers
+    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation=impl).eval()
     kwargs: dict[str, object] = {}
     if kind == "qwen3-bidir":
         for layer in model.layers:

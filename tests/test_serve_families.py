@@ -1,5 +1,5 @@
 """`bouquet serve --model DIR` serves the other embedding families end to end (XLM-R,
-bidirectional Qwen3, DistilBERT, RoBERTa; BERT and causal Qwen3 have their own tests) and the other
+bidirectional Qwen3, DistilBERT, RoBERTa, MPNet; BERT and causal Qwen3 have their own tests) and the other
 cross-encoder families through /v1/rerank: vectors over real HTTP equal the
 in-process engine's on the gateway's own token ids. The engine is checked against transformers in
 test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization)."""
@@ -21,7 +21,7 @@ TEXTS = ["hello world", "a somewhat longer sentence about search and ranking", "
 QUERY = "search the river city"
 
 
-@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir", "distilbert", "roberta"])
+@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir", "distilbert", "roberta", "mpnet"])
 def test_serve_family_over_http(kind, tmp_path):
     model_dir = make_tiny_model(kind, tmp_path / kind)
     spec = load_spec(str(model_dir))
@@ -42,7 +42,7 @@ def test_serve_family_over_http(kind, tmp_path):
         srv.stop()
 
 
-@pytest.mark.parametrize("kind", ["distilbert-cross", "roberta-cross"])
+@pytest.mark.parametrize("kind", ["distilbert-cross", "roberta-cross", "mpnet-cross"])
 def test_serve_cross_family_over_http(kind, tmp_path):
     """/v1/rerank on a cross-encoder family: raw scores over HTTP equal the in-process engine's
     logits on the gateway's own (query, document) pair encoding, and the order follows them."""

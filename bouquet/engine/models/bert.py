@@ -95,12 +95,14 @@ class PostNormLayer(nn.Module):
         assert b is not None  # these encoders' projections always carry biases
         self.qkv = (w, b)
 
-    def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> torch.Tensor:
-        """x [T, hidden] → [T, hidden] in the model dtype."""
+    def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, hidden] → [T, hidden] in the model dtype; ``bias`` [H, L, L]: an additive score
+        bias by in-sequence positions (MPNet's relative positions; ``AttentionBackend.attend``)."""
         T, h = x.shape
         p = self.p
         q, k, v = F.linear(x, *self.qkv).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
-        a = attn.attend(q, k, v, meta).reshape(T, h)  # [T, hidden]
+        a = attn.attend(q, k, v, meta, bias=bias).reshape(T, h)  # [T, hidden]
         x = add_layer_norm(p.o(a), x, p.attn_norm)  # one fused kernel on CUDA
         y = p.down(linear_gelu(x, p.up, self.act_name))  # [T, hidden]
         return add_layer_norm(y, x, p.out_norm)
