@@ -17,7 +17,7 @@ import pytest
 from bouquet.config import ServeConfig
 from bouquet.modelspec import resolve_model_path
 from tests.fixtures.tiny_models import make_tiny_model
-from tests.helpers import REPO, BouquetProcess, cosine_rows
+from helpers import REPO, BouquetProcess, cosine_rows
 
 MINILM = str(resolve_model_path(None))
 TEXTS = ["a search query about rivers", "the mountain city at night", "x", "fast red engine " * 40]
