@@ -24,26 +24,42 @@ TEXTS = ["x", "hello world", "a somewhat longer sentence about search and rankin
          " ".join(["river mountain city music paper"] * 12)]
 
 
-@pytest.fixture(scope="module")
-def splade_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny BertForMaskedLM directory (the tiny BERT's tokenizer and config)."""
+def _mlm_dir(root: Path, kind: str) -> Path:
+    """A tiny ``BertForMaskedLM`` or ``DistilBertForMaskedLM`` directory (the tiny BERT's tokenizer)."""
     import transformers as tf
 
-    root = tmp_path_factory.mktemp("splade")
-    base = make_tiny_model("bert", root / "base")
-    cfg = tf.BertConfig.from_pretrained(str(base))
+    base = root / "base"
+    if not base.exists():
+        make_tiny_model("bert", base)
+    bert = tf.BertConfig.from_pretrained(str(base))
     torch.manual_seed(5)
-    out = root / "splade"
-    tf.BertForMaskedLM(cfg).eval().save_pretrained(str(out))
+    out = root / kind
+    if kind == "bert":
+        model = tf.BertForMaskedLM(bert)
+    else:
+        model = tf.DistilBertForMaskedLM(tf.DistilBertConfig(
+            vocab_size=bert.vocab_size, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=64,
+            initializer_range=0.2, pad_token_id=0))
+    model.eval().save_pretrained(str(out))
     shutil.copy(base / "tokenizer.json", out / "tokenizer.json")
     return out
+
+
+@pytest.fixture(scope="module")
+def splade_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("splade")
+
+
+@pytest.fixture(scope="module")
+def splade_dir(splade_root: Path) -> Path:
+    return _mlm_dir(splade_root, "bert")
 
 
 def reference_rows(model_dir: Path, ids: list[np.ndarray]) -> np.ndarray:
     """max over each text's tokens of log(1 + relu(MaskedLM logits)), padded batch + mask."""
     import transformers as tf
 
-    model = tf.BertForMaskedLM.from_pretrained(str(model_dir)).eval()
+    model = tf.AutoModelForMaskedLM.from_pretrained(str(model_dir)).eval()
     n = max(len(s) for s in ids)
     x = torch.zeros(len(ids), n, dtype=torch.long)
     mask = torch.zeros(len(ids), n, dtype=torch.long)
@@ -76,7 +92,9 @@ def check_terms(got: np.ndarray, ref: np.ndarray) -> None:
     assert (err[big] / ref[nz][big]).max() <= 1e-4
 
 
-def test_splade_rows_equal_formula_on_transformers_logits(splade_dir):
+@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+def test_splade_rows_equal_formula_on_transformers_logits(splade_root, kind):
+    splade_dir = _mlm_dir(splade_root, kind)
     spec = load_spec(str(splade_dir))
     assert spec.sparse and spec.dimension == spec.vocab_size and not spec.normalize
     got, ids = bouquet_rows(splade_dir, TEXTS)

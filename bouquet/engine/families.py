@@ -80,6 +80,7 @@ FAMILIES: dict[str, Family] = {
     "BertModel": Family("bert", "BertModel"),
     "BertForSequenceClassification": Family("bert", "BertForSequenceClassification", score_head=True, pooling="cls"),
     "BertForMaskedLM": Family("masked_lm", "BertForMaskedLM", sparse=True),
+    "DistilBertForMaskedLM": Family("masked_lm", "DistilBertForMaskedLM", sparse=True),
     "XLMRobertaModel": Family("xlm_roberta", "XLMRobertaModel", positions_after_padding=True),
     "XLMRobertaForSequenceClassification": Family("xlm_roberta", "XLMRobertaForSequenceClassification",
                                                   score_head=True, pooling="cls", positions_after_padding=True),
