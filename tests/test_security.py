@@ -148,11 +148,23 @@ def test_pickle_weights_refused_by_loader(pickle_only_model):
     assert not marker.exists()
 
 
+def test_allow_pickle_unpickles_tensors_only(pickle_only_model):
+    """--allow-pickle loads through torch.load(weights_only=True): a crafted pickle is still refused."""
+    from bouquet.engine.weights import WeightError, load_weights
+
+    path, marker = pickle_only_model
+    with pytest.raises(WeightError, match="--allow-pickle"):
+        load_weights(path)
+    with pytest.raises(WeightError, match="weights_only"):
+        load_weights(path, allow_pickle=True)
+    assert not marker.exists(), "the pickle was executed"
+
+
 def test_pickle_only_model_dir_refused_by_serve(pickle_only_model):
     path, marker = pickle_only_model
     cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(path), "--device", "cpu", "--port", str(free_port())]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     out = p.stdout + p.stderr
     assert p.returncode != 0, out[-2000:]
-    assert "safetensors" in out, out[-2000:]
+    assert "safetensors" in out and "--allow-pickle" in out, out[-2000:]
     assert not marker.exists(), "the pickle was executed"

@@ -1,4 +1,6 @@
-"""Weight loading from safetensors only (never pickle): single file or sharded index.
+"""Weight loading from safetensors (single file or sharded index); pickled ``pytorch_model.bin``
+only when the deployer passes ``--allow-pickle`` (``load_weights``), through
+``torch.load(weights_only=True)``.
 
 The loader returns every checkpoint entry; ``assign_weights`` then checks names against the
 module's parameters, so a missing parameter is an error naming it, and an unused checkpoint entry
@@ -7,6 +9,7 @@ is skipped only when the architecture lists it in ``IGNORED_KEYS``.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -31,12 +34,36 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         with open(index, encoding="utf-8") as f:
             files = sorted({path / v for v in json.load(f)["weight_map"].values()})
     else:
-        raise WeightError(f"{path} has no model.safetensors (only safetensors weights are loaded)")
+        raise WeightError(f"{path} has no model.safetensors (only safetensors weights are loaded; pickled "
+                          "pytorch_model.bin needs --allow-pickle)")
     out: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for k in f.keys():
                 out[k] = f.get_tensor(k)
+    return out
+
+
+def load_weights(path: Path, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """The checkpoint of model directory ``path`` (CPU tensors): safetensors when present, else,
+    only with ``allow_pickle``, ``pytorch_model.bin`` (or its indexed shards) unpickled by
+    ``torch.load(weights_only=True)``, which rebuilds tensors and plain containers only and refuses
+    any other object, so a crafted pickle cannot run code. Raises WeightError naming
+    ``--allow-pickle`` when only pickled weights exist and it is off, or naming the refused file."""
+    from bouquet.hub import HubError, weight_files
+
+    try:
+        files, pickled = weight_files(path, allow_pickle)
+    except HubError as e:
+        raise WeightError(str(e)) from None
+    if not pickled:
+        return load_safetensors(path)
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            out.update(torch.load(file, map_location="cpu", weights_only=True))
+        except pickle.UnpicklingError as e:  # what weights_only refuses: objects other than tensors
+            raise WeightError(f"{file}: refused by torch.load(weights_only=True): {str(e).splitlines()[0]}") from None
     return out
 
 
