@@ -129,7 +129,7 @@ def test_batched_equals_single(kind: str, skewed: bool, tiny_dirs: dict[str, Pat
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker"])
+@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker", "mpnet"])
 def test_low_precision_close_to_float32(kind: str, dtype: str, tiny_dirs: dict[str, Path]) -> None:
     """fp16/bf16 engines agree with the float32 engine: cosine ≥ 0.99, scores within 0.02."""
     spec = load_spec(str(tiny_dirs[kind]))

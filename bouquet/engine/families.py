@@ -4,12 +4,14 @@ Read by ``bouquet.modelspec`` (gateway and replica: task, pooling, sequence limi
 by ``engine/registry.py`` (which class to import). Everything else a model needs lives in its
 model file under ``engine/models/``.
 
-Adding an architecture (e.g. ``MPNetModel``):
-1. write ``engine/models/mpnet.py`` with a class implementing ``engine/models/base.py``'s
-   ``PackedModel`` (parameter names as in the Hugging Face checkpoint);
-2. add one row to ``FAMILIES`` below: ``"MPNetModel": Family("mpnet", "MPNetModel", ...)``, with
-   the facts that differ from the defaults (an encoder, mean pooling, no score head, positions
-   from 0);
+Adding an architecture (e.g. ``ElectraModel``):
+1. write ``engine/models/electra.py`` with a class implementing ``engine/models/base.py``'s
+   ``PackedModel`` (parameter names as in the Hugging Face checkpoint); a post-norm BERT-style
+   encoder under other names is a ``bert.PostNormLayer`` subclass naming its parts, as
+   ``distilbert.py`` and ``mpnet.py`` are, not a copy of BERT's layer;
+2. add one row to ``FAMILIES`` below: ``"ElectraModel": Family("electra", "ElectraModel", ...)``,
+   with the facts that differ from the defaults (an encoder, mean pooling, no score head,
+   positions from 0);
 3. add a tiny random model of it to ``tests/fixtures/tiny_models.py``: ``tests/test_model_families.py``
    then compares it with transformers.
 A task model (``...ForSequenceClassification``) is a second row with ``score_head=True`` and
