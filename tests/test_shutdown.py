@@ -12,7 +12,8 @@ from helpers import BouquetProcess
 from reliability import child_pids, openai_error, tei_error
 
 # ~16k tokens: seconds of CPU work, long enough to be in flight when the test acts on it
-BIG = ["a fairly long sentence about rivers, mountains and the cities between them " * 20] * 64
+# 64 distinct texts: the gateway runs identical inputs once, so copies would finish at once.
+BIG = [f"text {i}: a fairly long sentence about rivers, mountains and the cities between them " * 20 for i in range(64)]
 
 
 def cancelled(srv: BouquetProcess) -> int:

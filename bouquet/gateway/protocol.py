@@ -2,16 +2,18 @@
 
 uvicorn answers a request it cannot parse (a bad ``Content-Length``, a malformed header or
 request line) with a plain-text 400 and closes the connection at once, and it closes the
-connection when the client half-closes it (``shutdown(SHUT_WR)``) even while responses are still
-due. Both cost neighbours their answers: a pipelined request that came before the bad one loses
-its response. This subclass
+connection when the client half-closes it (``shutdown(SHUT_WR)``) in the middle of a request.
+Both cost neighbours their answers: a pipelined request that came before the bad one loses its
+response. This subclass
 
 - answers parse errors in the API's JSON error shape (OpenAI on ``/v1/*``, TEI elsewhere:
   errors.py), after every response owed to earlier requests on the connection has been sent;
-- on end of input from the client, finishes the responses in flight before closing; a request
-  whose body the client cut short (fewer bytes than its ``Content-Length``) reaches the app with
+- on end of input inside a request, finishes the responses owed to the complete requests before
+  it, then answers the cut one: a body shorter than its ``Content-Length`` reaches the app with
   the bytes that came and ``scope["extensions"]["bouquet.body_truncated"]``, so the route layer
   answers a JSON 400 (http.py ``read_body``); one cut inside its headers gets a JSON 400 here.
+  End of input between requests still closes the connection at once, as uvicorn does: a close
+  and a half-close look alike there, and a client that went away must have its work cancelled.
 
 What it does not own: anything after a request is parsed (front.py), the status of bodies that
 parse (http.py). It overrides only uvicorn's protocol callbacks (``data_received``,
@@ -102,9 +104,8 @@ class HttpProtocol(HttpToolsProtocol):
                                       self._path())
             self._flush_if_idle()
             return True
-        if self._owes_response():
-            self.cycle.keep_alive = False  # the newest request closes the connection once answered
-            return True
+        # Between requests: the client is gone (a close and a half-close look alike here). Closing
+        # lets the routes' disconnect watcher cancel the work still running for it (front.py).
         return None
 
     def on_response_complete(self) -> None:
