@@ -117,6 +117,22 @@ def test_dense_chain_without_bias_identity_and_inner_normalize(tiny_bert, tmp_pa
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)
 
 
+@pytest.mark.parametrize("out_features", [64, 24])
+def test_dense_with_residual(tiny_bert, tmp_path, out_features):
+    """``use_residual``: the input is added back, through ``residual`` (no bias) when the sizes differ."""
+    layer = {"in_features": 64, "out_features": out_features, "activation_function": torch.nn.GELU(),
+             "use_residual": True}
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean", [layer])
+    if out_features != 64:
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(d / "2_Dense" / "model.safetensors"))  # widen the residual like the linear
+        save_file({**state, "residual.weight": torch.randn(out_features, 64) * 0.3}, str(d / "2_Dense" / "model.safetensors"))
+    ref, got = st_vectors(d, TEXTS), bouquet_vectors(d, TEXTS)
+    assert got.shape == (len(TEXTS), out_features)
+    assert cosine_rows(got, ref).min() >= 0.9999
+
+
 def test_served_over_http_equals_sentence_transformers(tiny_bert, tmp_path):
     d = write_st_model(tiny_bert, tmp_path / "m", "cls", [TANH])
     ref = st_vectors(d, TEXTS)
