@@ -1,9 +1,9 @@
 """What a model directory declares, read without torch: shared by the gateway and the engine.
 
 Reads the Hugging Face layout (``config.json``, ``tokenizer.json``) and, when present, the
-sentence-transformers files (``modules.json``, ``1_Pooling/config.json``,
-``sentence_bert_config.json``, ``config_sentence_transformers.json``), following the meaning
-those files have in sentence-transformers 3.x (``sentence_transformers/models/Pooling.py``).
+sentence-transformers files (``modules.json`` with its module folders, read by
+``bouquet/st_modules.py``; ``sentence_bert_config.json``; ``config_sentence_transformers.json``
+for prompts), following the meaning those files have in sentence-transformers 6.2.
 What depends on the architecture (task, default pooling, position offset, reranker prompt) is
 read from its row in ``bouquet/engine/families.py``.
 """
