@@ -41,6 +41,11 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "model": (list[str], "models", typer.Option(
         [m for m in [_env("MODEL")] if m], help="Model directory or Hugging Face id (default: the embedded "
         "all-MiniLM-L6-v2). `serve` only: repeat to serve several models behind one endpoint, each with its own replicas.")),
+    "revision": (Optional[str], "revision", typer.Option(
+        _default("revision"), help="Branch, tag or commit of a Hugging Face --model (same as --model ORG/NAME@REVISION).")),
+    "allow_pickle": (bool, "allow_pickle", typer.Option(
+        _default("allow_pickle"), "--allow-pickle", help="Load pickled weights (pytorch_model.bin) when a model has no "
+        "safetensors, with torch.load(weights_only=True). Off: such models are refused.")),
     "dtype": (str, "dtype", typer.Option(
         _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
@@ -221,7 +226,9 @@ def bench(
 def embed(
     input: str = typer.Argument(..., help="A JSONL, CSV/TSV, Parquet or text file (one document per line), or a folder of them."),
     output: str = typer.Option(..., "--output", "-o", help="Output folder: part-NNNNN shards and _manifest.json."),
-    model: Optional[str] = typer.Option(None, help="Model directory or Hugging Face id (default: the embedded all-MiniLM-L6-v2)."),
+    model: Optional[str] = typer.Option(None, help="Model directory or Hugging Face id ORG/NAME[@REVISION] (default: the "
+                                        "embedded all-MiniLM-L6-v2)."),
+    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of a Hugging Face --model."),
     text_column: str = typer.Option("text", help="Column holding the documents (JSONL, CSV, Parquet)."),
     id_column: Optional[str] = typer.Option(None, help="Column holding row ids (default: 'id' when present, else the row index)."),
     format: str = typer.Option("parquet", "--format", help="parquet (id, vector) | npy (vectors + ids.parquet per shard)."),
@@ -247,6 +254,10 @@ def embed(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        from bouquet.modelspec import resolve_model_path
+
+        if model is not None:  # a Hub model is fetched here, once (progress on stderr)
+            model = str(resolve_model_path(model, revision, download=True))
         cfg = EmbedJobConfig(
             input=input, output=output, model=model, text_column=text_column, id_column=id_column,
             format=format, dtype=dtype, output_dtype=output_dtype, device=device,  # type: ignore[arg-type]
@@ -292,7 +303,12 @@ def server_cmd(
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve_replica
 
-    raise typer.Exit(serve_replica(cfg, device))
+    try:
+        code = serve_replica(cfg, device)
+    except ValueError as e:  # the model: not found on the Hub, not cached, pickled weights refused
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 def main() -> None:

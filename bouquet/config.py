@@ -52,6 +52,12 @@ class ServeConfig:
     """
 
     model: str | None = None  # path or Hugging Face id; None = the embedded all-MiniLM-L6-v2
+    # A Hub id's branch, tag or commit (``--model ORG/NAME@REV`` says the same). The launcher
+    # downloads the model, then passes its snapshot directory down as ``model`` (bouquet/hub.py).
+    revision: str | None = None
+    # Pickled weights (pytorch_model.bin) are refused unless set, and then loaded with
+    # torch.load(weights_only=True) only: unpickling an arbitrary file can run code.
+    allow_pickle: bool = False
     # Several models behind one endpoint (`serve --model A --model B`): every model, in order
     # (``model`` is then the first); empty when one model is served. ``per_model`` splits them.
     models: tuple[str, ...] = ()
@@ -105,6 +111,10 @@ class ServeConfig:
     extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> "ServeConfig":
+        if self.revision is not None and not self.revision.strip():
+            raise ConfigError("--revision must be a branch, tag or commit, got an empty string")
+        if self.revision is not None and self.models:
+            raise ConfigError("--revision is ambiguous with several --model: give each its revision as ORG/NAME@REVISION")
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:

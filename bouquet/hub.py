@@ -54,27 +54,28 @@ def split_revision(model: str, revision: str | None = None) -> tuple[str, str | 
     return repo_id, rev
 
 
-def fetch_model(model: str, revision: str | None = None, *, download: bool, allow_pickle: bool = False) -> Path:
+def fetch_model(model: str, revision: str | None = None, *, download: bool, allow_pickle: bool = False,
+                weights: bool = True) -> Path:
     """The local snapshot directory of Hub model ``model`` (``ORG/NAME[@REVISION]``).
 
     ``download``: fetch what is missing (the launcher); False looks in the local cache only (a
     replica given an id). Pickled weights are fetched only with ``allow_pickle`` and when the
-    repository has no safetensors weights for the model (or a Dense module).
+    repository has no safetensors weights for the model (or a Dense module). ``weights`` False:
+    configs and tokenizer only (a gateway whose replicas run elsewhere, the no-op engine).
     Raises HubError (one line, naming the id) when the id is invalid, unknown, gated, the revision
     does not exist, or the files are neither cached nor downloadable (offline, Hub unreachable).
     """
     from huggingface_hub import snapshot_download
-
     from huggingface_hub.utils import validate_repo_id
 
     repo_id, rev = split_revision(model, revision)
-    patterns = [*CONFIG_FILES, *SAFETENSORS_WEIGHTS, *MODULE_FILES]
+    patterns = [*CONFIG_FILES, *SAFETENSORS_WEIGHTS, *MODULE_FILES] if weights else [*CONFIG_FILES, "[0-9]*_*/*.json"]
     try:
         validate_repo_id(repo_id)
         if download:
             log.info("bouquet: fetching %s%s from the Hugging Face Hub (or its cache)", repo_id, f"@{rev}" if rev else "")
         path = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns, local_files_only=not download))
-        if allow_pickle and _needs_pickles(path):
+        if weights and allow_pickle and _needs_pickles(path):
             path = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns + [*PICKLE_WEIGHTS, *MODULE_PICKLES],
                                           local_files_only=not download))
     except Exception as e:  # noqa: BLE001 - each huggingface_hub failure is translated by _hub_error

@@ -96,6 +96,30 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout_s: float = 20.0) -> No
             r.proc.wait()
 
 
+def localize_model(cfg: ServeConfig) -> ServeConfig:
+    """Fetch a Hugging Face model here, once, before any replica starts (bouquet/hub.py: progress on
+    stderr). The config passed down then names its local snapshot directory as ``model`` (replicas
+    and gateway workers never download) and the id as the public name. A directory or the embedded
+    model is returned as is. Raises HubError/ModelError (one line naming the model), also when a
+    replica started here would find only pickled weights and ``--allow-pickle`` is off."""
+    from bouquet.hub import HubError, split_revision, weight_files
+    from bouquet.modelspec import resolve_model_path
+
+    # Replicas started here load weights; a gateway for remote replicas or the no-op engine does not.
+    weights = cfg.engine == "torch" and not cfg.servers
+    path = resolve_model_path(cfg.model, cfg.revision, download=True, allow_pickle=cfg.allow_pickle, weights=weights)
+    if weights:
+        try:
+            weight_files(path, cfg.allow_pickle)  # refuse now rather than in every replica
+        except HubError as e:
+            raise HubError(f"model {cfg.model!r}: {e}") from None
+    if cfg.model is None or Path(cfg.model).expanduser().is_dir():
+        return cfg
+    repo_id = split_revision(cfg.model)[0]
+    names = cfg.served_model_name or tuple(dict.fromkeys((repo_id, cfg.model)))  # "ORG/NAME@REV" is accepted too
+    return cfg.replace(model=str(path), revision=None, served_model_name=names)
+
+
 def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
     import uvicorn
@@ -103,7 +127,7 @@ def serve(cfg: ServeConfig) -> int:
     from bouquet.gateway.catalog import model_names
     from bouquet.modelspec import load_spec
 
-    entries = cfg.per_model()
+    entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
     model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
     groups: list[list[ReplicaProcess]] = []  # each model's replica processes
@@ -181,5 +205,5 @@ def serve_replica(cfg: ServeConfig, device: str | None = None) -> int:
     """`bouquet server`: one standalone replica on ``cfg.host:cfg.grpc_port`` (in this process)."""
     from bouquet.server.main import run_async, serve as run_server
 
-    run_async(run_server(cfg, None, device, cfg.host))
+    run_async(run_server(localize_model(cfg), None, device, cfg.host))
     return 0

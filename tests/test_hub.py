@@ -244,6 +244,14 @@ def test_pickled_weights_need_allow_pickle(hub, direct):
     assert pickle_fetched()
 
 
+def test_no_weights_without_local_replicas(hub, tmp_path):
+    """A gateway whose replicas run elsewhere (or the no-op engine) fetches configs and tokenizer only."""
+    vecs, ids = _embed("--model", "org/tiny", "--engine", "noop", env={**hub.env, "HF_HOME": str(tmp_path)})
+    assert ids[0] == "org/tiny" and vecs.shape == (len(TEXTS), 64)
+    (snapshot,) = tmp_path.glob("hub/models--org--tiny/snapshots/*")
+    assert (snapshot / "tokenizer.json").exists() and not (snapshot / "model.safetensors").exists()
+
+
 def test_offline_starts_from_the_cache(hub, direct):
     """Last: stops the fake Hub. HF_HUB_OFFLINE=1 with the server gone starts from the cache."""
     fetch = "from bouquet.hub import fetch_model as f; f('org/tiny', download=True); f('org/tiny@v1', download=True)"

@@ -112,8 +112,12 @@ def build_engine(cfg: ServeConfig, spec: ModelSpec, device: str | None) -> "Step
 
         return NoopEngine(spec)
     from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.weights import load_weights
 
-    return Engine(spec, device or cfg.device, cfg.dtype, graphs=GraphOptions.from_config(cfg), spin_wait=cfg.spin_wait)
+    # Without --allow-pickle the engine reads safetensors itself; with it the checkpoint may be pickled.
+    state = load_weights(spec.path, allow_pickle=True) if cfg.allow_pickle else None
+    return Engine(spec, device or cfg.device, cfg.dtype, state=state, graphs=GraphOptions.from_config(cfg),
+                  spin_wait=cfg.spin_wait)
 
 
 def main(argv: list[str] | None = None) -> None:
