@@ -36,7 +36,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_st_model(base: Path, out: Path, pooling: str | tuple[str, ...], dense: list[dict] | None = None,
-                   normalize: bool = True, seed: int = 7) -> Path:
+                   normalize: bool = True, seed: int = 7, prompts: dict[str, str] | None = None) -> Path:
     """Save ``base`` + Pooling(pooling) + Dense layers + Normalize with sentence-transformers.
 
     ``dense``: per layer ``Dense`` keyword arguments (``in_features``, ``out_features``, ``bias``,
@@ -57,7 +57,7 @@ def write_st_model(base: Path, out: Path, pooling: str | tuple[str, ...], dense:
         mods.append(layer)
     if normalize:
         mods.append(Normalize())
-    SentenceTransformer(modules=mods, device="cpu").save(str(out))
+    SentenceTransformer(modules=mods, device="cpu", prompts=prompts).save(str(out))
     return out
 
 
@@ -134,8 +134,11 @@ def test_dense_with_residual(tiny_bert, tmp_path, out_features):
 
 
 def test_served_over_http_equals_sentence_transformers(tiny_bert, tmp_path):
-    d = write_st_model(tiny_bert, tmp_path / "m", "cls", [TANH])
+    d = write_st_model(tiny_bert, tmp_path / "m", "cls", [TANH], prompts={"query": "search query: "})
     ref = st_vectors(d, TEXTS)
+    from sentence_transformers import SentenceTransformer
+
+    ref_query = SentenceTransformer(str(d), device="cpu").encode(TEXTS, prompt_name="query", batch_size=len(TEXTS))
     srv = BouquetProcess("--model", str(d), "--log-level", "warning")
     try:
         got = srv.vectors(TEXTS)
@@ -143,6 +146,9 @@ def test_served_over_http_equals_sentence_transformers(tiny_bert, tmp_path):
         assert cosine_rows(got, ref).min() >= 0.9999
         r = srv.embed(TEXTS[:1], dimensions=8)  # Matryoshka truncation acts on the Dense output
         assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 8
+        # the prompt of config_sentence_transformers.json, as sentence-transformers applies it
+        assert cosine_rows(srv.vectors(TEXTS, prompt_name="query"), ref_query).min() >= 0.9999
+        assert cosine_rows(ref_query, ref).max() < 0.999  # the prompt does change the vectors
     finally:
         srv.stop()
 
