@@ -33,6 +33,9 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_
 # sentence-transformers modules live in numbered folders (1_Pooling/, 2_Dense/, 3_Normalize/).
 MODULE_FILES = ("[0-9]*_*/*.json", "[0-9]*_*/*.safetensors")
 MODULE_PICKLES = ("[0-9]*_*/*.bin",)
+# bge-m3's lexical and ColBERT heads (modelspec.M3_HEAD_FILES): small pickled state dicts, fetched
+# with --allow-pickle only.
+HEAD_PICKLES = ("sparse_linear.pt", "colbert_linear.pt")
 
 
 class HubError(ValueError):
@@ -70,6 +73,8 @@ def fetch_model(model: str, revision: str | None = None, *, download: bool, allo
 
     repo_id, rev = split_revision(model, revision)
     patterns = [*CONFIG_FILES, *SAFETENSORS_WEIGHTS, *MODULE_FILES] if weights else [*CONFIG_FILES, "[0-9]*_*/*.json"]
+    if weights and allow_pickle:
+        patterns += HEAD_PICKLES
     try:
         validate_repo_id(repo_id)
         if download:
