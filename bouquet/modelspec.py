@@ -19,6 +19,8 @@ from bouquet.engine.families import architecture_of, family, hidden_size
 from bouquet.st_modules import ModuleError, StModules, Step, read_modules
 
 Task = Literal["embed", "score"]
+# bge-m3's lexical (hidden → 1) and ColBERT (hidden → C) heads, plain state dicts beside the weights
+M3_HEAD_FILES = ("sparse_linear.pt", "colbert_linear.pt")
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -91,6 +93,9 @@ class ModelSpec:
     # SPLADE (a masked LM, family row ``sparse``): each row is vocabulary-sized (``dimension`` =
     # vocab_size), mostly zeros; the gateway sends it as (index, value) pairs (/embed_sparse).
     sparse: bool = False
+    # bge-m3's token heads (M3_HEAD_FILES beside the weights): /embed_sparse and /embed_all read
+    # each token's lexical weight and ColBERT vector (engine/m3_heads.py)
+    token_heads: bool = False
 
     @property
     def tokenizer_path(self) -> Path:
@@ -250,6 +255,7 @@ def spec_from_config(
         default_instruction=row.default_instruction if lm_reranker else None,
         head_steps=st.steps,
         sparse=sparse,
+        token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
     )
 
 

@@ -61,6 +61,8 @@ class StepEngine(Protocol):
 
     ``step(batch)`` launches the batch and returns its ResultHandle (at once on CUDA; on the
     CPU the work runs inside ``step`` and the handle is already ready). Raises on a device error.
+    ``step_tokens(batch)``: the model's token outputs, one row per token [T, D'] float32 (bge-m3's
+    sparse weight and ColBERT vector, else the last hidden states), eager, no graphs.
     ``replays(batch)``: True when ``step(batch)`` would replay an already captured CUDA graph (a
     cheap step the replica may also run on its event loop). ``warmup()`` runs one batch through
     the whole path and captures start-up graphs; raises when the model yields non-finite rows.
@@ -79,6 +81,8 @@ class StepEngine(Protocol):
     def graph_replays(self) -> int: ...
 
     def step(self, batch: Batch) -> ResultHandle: ...
+
+    def step_tokens(self, batch: Batch) -> ResultHandle: ...
 
     def replays(self, batch: Batch) -> bool: ...
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
 from bouquet.engine.contract import EngineInfo
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
+from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
@@ -126,6 +128,10 @@ class Engine:
         self.causal = bool(model.causal)
         self.pool = pooler(spec.pooling)  # chosen once: the same function on every step
         self.st_head = build_head(spec.head_steps, self.device)  # sentence-transformers Dense layers
+        # per-token outputs (step_tokens): bge-m3's sparse and ColBERT heads when the folder has them
+        self.token_head: M3Heads | None = None
+        if spec.token_heads:
+            self.token_head = M3Heads(spec.path, int(spec.config["hidden_size"])).to(self.device).eval()
         self.out_dim = spec.dimension
         # BERT-style models always get token types (zeros = type 0) so one graph serves pairs and
         # single texts alike; models without them (Qwen3) get None.
@@ -171,6 +177,26 @@ class Engine:
         ids, pos, tt, seg, cu = input_views(host.to(self.device, non_blocking=True), batch.num_tokens, batch.num_seqs)
         uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens  # host ints
         return self._forward_packed(ids, pos, tt if self.use_types else None, seg, cu, batch.max_seqlen, uniform)
+
+    @torch.inference_mode()
+    def step_tokens(self, batch: Batch) -> PendingResult:
+        """The token outputs of a packed batch, eager (no graphs): [T, 1 + C] float32 for bge-m3
+        (``m3_heads.M3Heads``: lexical weight, ColBERT vector), else the last hidden states
+        [T, hidden] as float32 (MLM logits for a masked LM)."""
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            host = pack_inputs(batch, batch.num_tokens, batch.num_seqs, pin=self.device.type == "cuda")
+            ids, pos, tt, _, cu = input_views(host.to(self.device, non_blocking=True), batch.num_tokens, batch.num_seqs)
+            uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens
+            meta = self.attn.prepare(cu, batch.max_seqlen, self.causal, uniform)
+            hidden = self.model(ids, pos, tt if self.use_types else None, meta)  # [T, hidden]
+            out = (self.token_head(hidden) if self.token_head is not None else hidden).float()
+            if self.device.type != "cuda":
+                return PendingResult(out.numpy())
+            rows = torch.empty(out.shape, dtype=torch.float32, pin_memory=True)
+            rows.copy_(out, non_blocking=True)
+            ev = torch.cuda.Event(blocking=not self.spin_wait)
+            ev.record()
+            return PendingResult(rows.numpy(), ev, keepalive=(rows, host, out))
 
     def replays(self, batch: Batch) -> bool:
         """True when ``step(batch)`` replays an already captured CUDA graph: a small, bounded host

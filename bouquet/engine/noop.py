@@ -86,6 +86,10 @@ class NoopEngine:
         self._busy_until = max(time.perf_counter(), self._busy_until) + b / self.rows_per_s
         return NoopResult(self._rows(b), self._busy_until)
 
+    def step_tokens(self, batch: Batch) -> NoopResult:
+        """Rows for ``batch.num_tokens`` tokens, float32 [T, out_dim] (no device time modelled)."""
+        return NoopResult(self._rows(batch.num_tokens))
+
     def replays(self, batch: Batch) -> bool:
         """Never: there are no CUDA graphs (every step is cheap anyway: ``inline_step``)."""
         return False

@@ -39,11 +39,11 @@ ROUTES = Routes(
     post={"/v1/embeddings": routes_openai.embeddings_route, "/v1/rerank": routes_scoring.rerank_route,
           "/v1/score": routes_scoring.score_route, "/embed": routes_tei.embed_route,
           "/rerank": routes_tei.rerank_route, "/tokenize": routes_tei.tokenize_route,
-          "/embed_sparse": routes_sparse.embed_sparse_route},
+          "/embed_sparse": routes_sparse.embed_sparse_route, "/embed_all": routes_sparse.embed_all_route},
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
-    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
+    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "embed", "/embed_all": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
 
@@ -144,7 +144,9 @@ def describe_routes(app: FastAPI) -> None:
         ("/v1/score", "POST", d.SCORE_REQUEST, d.SCORE_RESPONSE, False, "vLLM-style pair scores"),
         ("/embed", "POST", d.TEI_EMBED_REQUEST, d.TEI_EMBED_RESPONSE, True, "TEI embed"),
         ("/embed_sparse", "POST", d.TEI_EMBED_SPARSE_REQUEST, d.TEI_EMBED_SPARSE_RESPONSE, True,
-         "TEI embed_sparse (SPLADE models): (index, value) pairs, top_k and threshold"),
+         "TEI embed_sparse (SPLADE, bge-m3): (index, value) pairs, top_k and threshold"),
+        ("/embed_all", "POST", d.TEI_EMBED_ALL_REQUEST, d.TEI_EMBED_ALL_RESPONSE, True,
+         "TEI embed_all: per-token vectors (bge-m3: ColBERT)"),
         ("/rerank", "POST", d.TEI_RERANK_REQUEST, d.TEI_RERANK_RESPONSE, True, "TEI rerank"),
         ("/tokenize", "POST", d.TEI_TOKENIZE_REQUEST, d.TEI_TOKENIZE_RESPONSE, True, "TEI tokenize"),
         ("/info", "GET", None, d.TEI_INFO_RESPONSE, True, "TEI info"),

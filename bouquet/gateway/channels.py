@@ -100,6 +100,10 @@ class GrpcChannel:
             raise APIError(500, f"replica {self.address} returned shape {list(t.shape)}")
         return _rows(t.data, (int(t.shape[0]), int(t.shape[1])), call.num_seqs, self.address)
 
+    async def embed_tokens(self, call: Packed, priority: int, timeout_s: float) -> np.ndarray:
+        """Per-token rows travel over the Unix socket only: raises APIError 400."""
+        raise APIError(400, f"per-token outputs are served by replicas on this host only, not over gRPC ({self.address})")
+
     def close(self) -> None:
         pass  # the pool closes the gRPC channel it made
 
@@ -154,20 +158,21 @@ class IpcChannel(asyncio.Protocol):
 
     # ---- calls ---------------------------------------------------------------------------
     async def embed(self, call: Packed, normalize: bool | None, dimensions: int | None, priority: int,
-                    timeout_s: float) -> np.ndarray:
-        """Rows float32 [B, D]. Raises ReplicaUnavailable, ReplicaQueueFull or APIError (400/422
-        for input the replica refuses, 504 past ``timeout_s``). Cancelling the caller cancels the
-        call on the replica (its queued sequences are dropped)."""
+                    timeout_s: float, per_token: bool = False) -> np.ndarray:
+        """Rows float32 [B, D] ([T, D'] with ``per_token``). Raises ReplicaUnavailable,
+        ReplicaQueueFull or APIError (400/422 for input the replica refuses, 504 past
+        ``timeout_s``). Cancelling the caller cancels the call on the replica (its queued
+        sequences are dropped)."""
         transport = self._transport
         if transport is None:
             raise ReplicaUnavailable(f"no connection to {self.address}")
         cid = next(self._ids)
         transport.write(ipc.frame(
-            ipc.EmbedCall(cid, call.num_seqs, bool(call.token_type_ids), priority, normalize, dimensions or 0),
+            ipc.EmbedCall(cid, call.num_seqs, bool(call.token_type_ids), priority, normalize, dimensions or 0, per_token),
             call.lengths, call.input_ids, call.token_type_ids))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[np.ndarray] = loop.create_future()
-        self._pending[cid] = (fut, call.num_seqs)
+        self._pending[cid] = (fut, call.num_tokens if per_token else call.num_seqs)
         timer = loop.call_later(timeout_s, self._expire, cid, timeout_s)
         try:
             return await fut
@@ -178,6 +183,10 @@ class IpcChannel(asyncio.Protocol):
         finally:
             timer.cancel()
             self._pending.pop(cid, None)
+
+    async def embed_tokens(self, call: Packed, priority: int, timeout_s: float) -> np.ndarray:
+        """One row per token [T, D'] (the model's token outputs); errors as ``embed``."""
+        return await self.embed(call, None, None, priority, timeout_s, per_token=True)
 
     def _on_frame(self, header: bytes, payload: bytes) -> None:
         rep = ipc.decode_reply(header)

@@ -83,6 +83,15 @@ class Gateway:
         finally:
             self.metrics.inference_seconds.observe(time.perf_counter() - t0)
 
+    async def infer_tokens(self, seqs: list[np.ndarray], priority: int = pb.PRIORITY_AUTO) -> np.ndarray:
+        """ReplicaPool.infer_tokens (the model's token outputs, float32 [T, D'], sequences back to
+        back), timed into the inference histogram."""
+        t0 = time.perf_counter()
+        try:
+            return await self.pool.infer_tokens(seqs, priority)
+        finally:
+            self.metrics.inference_seconds.observe(time.perf_counter() - t0)
+
     async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None,
                        param: str = "input") -> Encoded:
         """Texts or token ids → Encoded. Raises APIError 400 (too long with truncation off, bad ids)

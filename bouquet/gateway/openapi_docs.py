@@ -44,6 +44,8 @@ EMBEDDINGS_REQUEST = _obj({
     "dimensions": {"type": "integer", "minimum": 1, "description": "Matryoshka: keep the first N values, re-normalize"},
     "user": _STR, "truncate": _BOOL, "truncation_side": {"type": "string", "enum": ["left", "right"]},
     "long_input": _LONG, "prompt_name": _STR, "prompt": _STR, "normalize": _BOOL, "priority": _PRIORITY,
+    "output": {"type": "string", "enum": ["dense", "sparse", "multi_vector"],
+               "description": "sparse: SPLADE and bge-m3 lexical weights; multi_vector: per-token (ColBERT) vectors"},
     **_SPARSE_OPTIONS,
 }, ["input"])
 _CHUNK = _obj({"embedding": {"oneOf": [_VEC, _STR]}, "tokens": {**_IDS, "description": "[start, end) token offsets"},
@@ -51,7 +53,8 @@ _CHUNK = _obj({"embedding": {"oneOf": [_VEC, _STR]}, "tokens": {**_IDS, "descrip
 EMBEDDINGS_RESPONSE = _obj({
     "object": _STR, "model": _STR, "usage": _USAGE,
     "data": {"type": "array", "items": _obj({"object": _STR, "index": _INT,
-                                             "embedding": {"oneOf": [_VEC, _STR, _SPARSE_VEC]},
+                                             "embedding": {"oneOf": [_VEC, _STR, _SPARSE_VEC,
+                                                                     {"type": "array", "items": _VEC}]},
                                              "chunks": {"type": "array", "items": _CHUNK}})},
 })
 _SCORING_EXT = {"raw_scores": _BOOL, "truncate": _BOOL, "instruction": _STR, "priority": _PRIORITY}
@@ -75,6 +78,11 @@ TEI_EMBED_SPARSE_REQUEST = _obj({
     "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY, **_SPARSE_OPTIONS,
 }, ["inputs"])
 TEI_EMBED_SPARSE_RESPONSE = {"type": "array", "items": {"type": "array", "items": _obj({"index": _INT, "value": _NUM})}}
+TEI_EMBED_ALL_REQUEST = _obj({
+    "inputs": _INPUT, "truncate": _BOOL, "truncation_direction": {"type": "string", "enum": ["Left", "Right"]},
+    "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY,
+}, ["inputs"])
+TEI_EMBED_ALL_RESPONSE = {"type": "array", "items": {"type": "array", "items": _VEC}}
 TEI_RERANK_REQUEST = _obj({"query": _STR, "texts": {"type": "array", "items": _STR}, "return_text": _BOOL,
                            "truncation_direction": _STR, **_SCORING_EXT}, ["query", "texts"])
 TEI_RERANK_RESPONSE = {"type": "array", "items": _obj({"index": _INT, "score": _NUM, "text": _STR})}

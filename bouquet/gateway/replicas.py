@@ -190,8 +190,19 @@ class ReplicaPool:
         ])
         return results[0] if len(results) == 1 else np.concatenate(results, axis=0)
 
+    async def infer_tokens(self, seqs: list[np.ndarray], priority: int = pb.PRIORITY_AUTO) -> np.ndarray:
+        """The model's token outputs → float32 [T, D'], the sequences' token rows back to back in
+        input order (not coalesced with other requests). Errors as ``infer``."""
+        lengths = [len(s) for s in seqs]
+        priority = self.resolve_priority(priority, sum(lengths))
+        parts = chunk_bounds(lengths, self.chunk_tokens)
+        results = await gather_or_cancel([self._run_chunk(seqs[a:b], None, None, None, priority, per_token=True)
+                                          for a, b in parts])
+        return results[0] if len(results) == 1 else np.concatenate(results, axis=0)
+
     async def _run_chunk(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None,
-                         normalize: bool | None, dimensions: int | None, priority: int) -> np.ndarray:
+                         normalize: bool | None, dimensions: int | None, priority: int,
+                         per_token: bool = False) -> np.ndarray:
         call = Packed.pack(seqs, type_ids)
         tokens = call.num_tokens
         tried: set[str] = set()
@@ -208,7 +219,11 @@ class ReplicaPool:
             tried.add(r.address)
             r.outstanding_tokens += tokens
             try:
-                rows = await r.calls.embed(call, normalize, dimensions, priority, max(0.1, deadline - time.monotonic()))
+                left = max(0.1, deadline - time.monotonic())
+                if per_token:
+                    rows = await r.calls.embed_tokens(call, priority, left)
+                else:
+                    rows = await r.calls.embed(call, normalize, dimensions, priority, left)
             except ReplicaUnavailable as e:
                 self._lost(r, str(e))
                 log.warning("replica %s failed (%s); retrying elsewhere", r.address, e)

@@ -18,7 +18,7 @@ from bouquet.gateway.http import encode_vectors, json_response
 from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bouquet.gateway.pipeline import embed
-from bouquet.gateway.routes_sparse import openai_sparse_embeddings
+from bouquet.gateway.routes_sparse import openai_token_embeddings
 
 VERSION = "0.1.0"
 
@@ -26,8 +26,11 @@ VERSION = "0.1.0"
 async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """``input`` (string, strings, token ids) → ``{"object": "list", "data": [{"embedding", "index"}], ...}``."""
     gw.check_model(body.get("model"))
-    if gw.spec.sparse:  # SPLADE: (indices, values) per input, docs/api.md
-        return await openai_sparse_embeddings(gw, body)
+    output = opt_str(body, "output", ("dense", "sparse", "multi_vector"))
+    if output in ("sparse", "multi_vector") or (gw.spec.sparse and output is None):  # docs/api.md
+        return await openai_token_embeddings(gw, body, output or "sparse")
+    if gw.spec.sparse:
+        raise bad_request(f"model '{gw.public_id}' is a sparse (SPLADE) model: no dense output", "output", "wrong_task")
     inputs = parse_inputs(body.get("input"), "input", gw.cfg.max_inputs)
     fmt = opt_str(body, "encoding_format")
     fmt = "float" if fmt is None else fmt  # "" is an unknown format, not the default

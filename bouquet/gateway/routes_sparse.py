@@ -1,20 +1,29 @@
-"""Sparse (SPLADE) outputs: TEI's ``POST /embed_sparse`` and the sparse form of ``/v1/embeddings``.
+"""Sparse and multi-vector outputs: TEI's ``POST /embed_sparse`` and ``POST /embed_all``, and the
+``output`` extension of ``/v1/embeddings`` (docs/api.md).
 
-A sparse model's replica returns one vocabulary-sized float32 row per input (``ModelSpec.sparse``;
-the engine's SPLADE pooling); this module keeps the terms above ``threshold`` (default 0: every
-nonzero term), optionally only the ``top_k`` largest, and sends them as (index, value) pairs in
-ascending index order:
+Where the vectors come from:
 
-* ``/embed_sparse`` (TEI's shape): ``[[{"index": int, "value": float}, ...], ...]``, one list per
-  input;
-* ``/v1/embeddings`` on a sparse model (bouquet's extension, docs/api.md): each item's
-  ``embedding`` is ``{"indices": [...], "values": [...]}`` and its ``object`` is
-  ``"sparse_embedding"``.
+* a SPLADE model (``ModelSpec.sparse``): its replica returns one vocabulary-sized float32 row per
+  input (the engine's SPLADE pooling); the terms are that row's nonzero entries;
+* bge-m3 (``ModelSpec.token_heads``): its replica returns one row per token (``step_tokens``:
+  the lexical weight, then the L2-normalized ColBERT vector). As FlagEmbedding's ``BGEM3FlagModel``
+  does, a term is a token id's largest weight over the input, special tokens (``<s>``, ``</s>``,
+  ``<pad>``, ``<unk>``: tokenizer.json's special added tokens) and zero weights left out, and
+  the ColBERT vectors are every token's but the first (``<s>``);
+* any other embedding model: ``/embed_all`` returns the last hidden state of every token.
 
-What it does not own: tokenization and the replicas (pipeline.py), prompts (core.py).
+Sparse vectors keep the terms above ``threshold`` (default 0), only the ``top_k`` largest when
+given, and are sent as (index, value) pairs in ascending index order:
+``[[{"index", "value"}, ...], ...]`` on ``/embed_sparse``; ``{"indices": [...], "values": [...]}``
+as a ``"sparse_embedding"`` item on ``/v1/embeddings``.
+
+What it does not own: tokenization and the replicas (pipeline.py, core.py), prompts (core.py).
 """
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,16 +35,46 @@ from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import long_input_mode, opt_int, opt_str, parse_inputs
 from bouquet.gateway.pipeline import embed
 
+Terms = tuple[np.ndarray, np.ndarray]  # (indices int64 [n] ascending, values float32 [n])
 
-def sparse_terms(row: np.ndarray, threshold: float, top_k: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """One vocabulary-sized row [V] float32 → (indices int64 [n] ascending, values float32 [n]):
-    the terms above ``threshold``, the ``top_k`` largest of them when given (ties: lower index)."""
-    idx = np.flatnonzero(row > threshold)
+
+def select_terms(idx: np.ndarray, val: np.ndarray, threshold: float, top_k: int | None) -> Terms:
+    """Terms (ascending ``idx``) → those above ``threshold``, the ``top_k`` largest of them when
+    given (ties: the lower index), still in ascending index order."""
+    keep = val > threshold
+    idx, val = idx[keep], val[keep]
     if top_k is not None and idx.size > top_k:
-        # stable sort on -value keeps the lower index first among equal values
-        keep = np.argsort(-row[idx], kind="stable")[:top_k]
-        idx = np.sort(idx[keep])
-    return idx, row[idx]
+        # a stable sort on -value keeps the lower index first among equal values
+        pick = np.sort(np.argsort(-val, kind="stable")[:top_k])
+        idx, val = idx[pick], val[pick]
+    return idx, val
+
+
+def sparse_terms(row: np.ndarray, threshold: float, top_k: int | None) -> Terms:
+    """One vocabulary-sized row [V] float32 (SPLADE) → its selected terms."""
+    idx = np.flatnonzero(row > 0)
+    return select_terms(idx, row[idx], threshold, top_k)
+
+
+def lexical_terms(ids: np.ndarray, weights: np.ndarray, special: frozenset[int]) -> Terms:
+    """Token ids [L] and their weights [L] (bge-m3) → (distinct ids ascending, each id's largest
+    weight), special tokens and zero weights left out."""
+    keep = (weights > 0) & ~np.isin(ids, list(special))
+    ids, weights = ids[keep].astype(np.int64), weights[keep]
+    if ids.size == 0:
+        return ids, weights
+    order = np.argsort(ids, kind="stable")
+    ids, weights = ids[order], weights[order]
+    uniq, first = np.unique(ids, return_index=True)
+    return uniq, np.maximum.reduceat(weights, first)
+
+
+@functools.lru_cache(maxsize=16)
+def special_ids(tokenizer_json: Path) -> frozenset[int]:
+    """The ids of tokenizer.json's special added tokens (<s>, </s>, <pad>, <unk>, <mask>, ...)."""
+    with open(tokenizer_json, encoding="utf-8") as f:
+        added = json.load(f).get("added_tokens") or []
+    return frozenset(int(t["id"]) for t in added if t.get("special"))
 
 
 def _options(body: dict[str, Any]) -> tuple[float, int | None]:
@@ -50,57 +89,107 @@ def _options(body: dict[str, Any]) -> tuple[float, int | None]:
     return float(threshold), top_k
 
 
-async def _sparse_rows(gw: Gateway, body: dict[str, Any], param: str, side: str) -> tuple[np.ndarray, int]:
-    """Validate and run a sparse request: (rows [N, V] float32, tokens embedded). Raises APIError
-    400 for options a sparse vector does not take (``dimensions``, ``normalize``, chunking)."""
-    inputs = parse_inputs(body.get(param), param, gw.cfg.max_inputs)
+def _check_body(gw: Gateway, body: dict[str, Any]) -> str:
+    """Refuse what these vectors do not take; returns the long_input mode ("truncate" or "error").
+    Raises APIError 400 (``dimensions``, ``normalize``, chunk modes)."""
     for key in ("dimensions", "normalize"):
         if body.get(key) is not None:
-            raise bad_request(f"'{key}' does not apply to the sparse vectors of '{gw.public_id}'", key, "invalid_value")
+            raise bad_request(f"'{key}' does not apply to the sparse or per-token vectors of '{gw.public_id}'",
+                              key, "invalid_value")
     mode = long_input_mode(body, gw.cfg.truncate)
     if mode not in ("truncate", "error"):
-        raise bad_request(f"long_input {mode!r} does not apply to sparse vectors; use 'truncate' or 'error'",
-                          "long_input", "invalid_value")
+        raise bad_request(f"long_input {mode!r} does not apply to sparse or per-token vectors; use 'truncate' or "
+                          "'error'", "long_input", "invalid_value")
+    return mode
+
+
+async def _token_rows(gw: Gateway, body: dict[str, Any], param: str, side: str) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """Tokenize and run a per-token request: (ids per input, token rows per input [len_i, D'],
+    tokens embedded). Raises APIError (400 for invalid fields, replica errors)."""
+    inputs = parse_inputs(body.get(param), param, gw.cfg.max_inputs)
+    mode = _check_body(gw, body)
     priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
-    prompt = gw.resolve_prompt(body, inputs)
-    res = await embed(gw, inputs, mode, side, prompt, False, None, priority, param)
-    return res.vectors, res.tokens
+    enc = await gw.tokenize(inputs, mode == "truncate", side, gw.resolve_prompt(body, inputs), param)
+    rows = await gw.infer_tokens(enc.ids, priority)
+    bounds = np.cumsum([0] + [len(s) for s in enc.ids])
+    return enc.ids, [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])], enc.num_tokens
+
+
+async def sparse_vectors(gw: Gateway, body: dict[str, Any], param: str, side: str) -> tuple[list[Terms], int]:
+    """The selected terms of each input and the tokens embedded, for a SPLADE model or bge-m3.
+    Raises APIError 424 for any other model (the caller re-raises it as its family's error)."""
+    threshold, top_k = _options(body)
+    if gw.spec.sparse:
+        inputs = parse_inputs(body.get(param), param, gw.cfg.max_inputs)
+        mode = _check_body(gw, body)
+        priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
+        res = await embed(gw, inputs, mode, side, gw.resolve_prompt(body, inputs), False, None, priority, param)
+        return [sparse_terms(row, threshold, top_k) for row in res.vectors], res.tokens
+    if gw.spec.token_heads:
+        ids, rows, tokens = await _token_rows(gw, body, param, side)
+        special = special_ids(gw.spec.tokenizer_path)
+        return [select_terms(*lexical_terms(i, r[:, 0], special), threshold, top_k) for i, r in zip(ids, rows)], tokens
+    raise APIError(424, f"model '{gw.public_id}' has no sparse output (a SPLADE model or bge-m3's heads); use /embed",
+                   param, "wrong_task")
+
+
+async def token_vectors(gw: Gateway, body: dict[str, Any], param: str, side: str) -> tuple[list[np.ndarray], int]:
+    """Per input its token vectors [n_i, D'] — bge-m3: the ColBERT vectors of every token but the
+    first; any other embedding model: every token's last hidden state — and the tokens embedded.
+    Raises APIError 424 for scoring and SPLADE models."""
+    if gw.spec.task != "embed" or gw.spec.sparse:
+        raise APIError(424, f"model '{gw.public_id}' has no per-token vectors", param, "wrong_task")
+    _, rows, tokens = await _token_rows(gw, body, param, side)
+    return [r[1:, 1:] if gw.spec.token_heads else r for r in rows], tokens
+
+
+def _tei_direction(body: dict[str, Any]) -> str:
+    direction = (opt_str(body, "truncation_direction") or "right").lower()
+    if direction not in ("left", "right"):
+        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {direction!r}",
+                          "truncation_direction", "invalid_value")
+    return direction
 
 
 async def embed_sparse_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed_sparse``: ``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name``,
     plus ``top_k`` and ``threshold`` → ``[[{"index", "value"}, ...], ...]``. Raises APIError 424
-    on a model that is not sparse (TEI's answer), 400 for invalid fields."""
-    if not gw.spec.sparse:
-        raise APIError(424, f"model '{gw.public_id}' is not a sparse (SPLADE) model; use /embed", "inputs", "wrong_task")
-    threshold, top_k = _options(body)
-    direction = (opt_str(body, "truncation_direction") or "right").lower()
-    if direction not in ("left", "right"):
-        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {direction!r}",
-                          "truncation_direction", "invalid_value")
-    rows, _ = await _sparse_rows(gw, body, "inputs", direction)
-    out = []
-    for row in rows:
-        idx, val = sparse_terms(row, threshold, top_k)
-        out.append([{"index": int(i), "value": float(v)} for i, v in zip(idx.tolist(), val.tolist())])
-    return json_response(out)
+    on a model without sparse output (TEI's answer), 400 for invalid fields."""
+    terms, _ = await sparse_vectors(gw, body, "inputs", _tei_direction(body))
+    return json_response([[{"index": int(i), "value": float(v)} for i, v in zip(idx.tolist(), val.tolist())]
+                          for idx, val in terms])
 
 
-async def openai_sparse_embeddings(gw: Gateway, body: dict[str, Any]) -> Response:
-    """``/v1/embeddings`` on a sparse model: ``{"object": "list", "data": [{"object":
-    "sparse_embedding", "index", "embedding": {"indices", "values"}}], "model", "usage"}``.
-    ``encoding_format`` must be "float" (or absent). Raises APIError 400 for invalid fields."""
+async def embed_all_route(gw: Gateway, body: dict[str, Any]) -> Response:
+    """TEI ``/embed_all``: ``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name`` →
+    per input its token vectors ``[[[float, ...], ...], ...]`` (``token_vectors``). Raises
+    APIError 424 on a scoring or SPLADE model, 400 for invalid fields."""
+    vecs, _ = await token_vectors(gw, body, "inputs", _tei_direction(body))
+    return json_response([v.tolist() for v in vecs])
+
+
+async def openai_token_embeddings(gw: Gateway, body: dict[str, Any], output: str) -> Response:
+    """``/v1/embeddings`` with ``output`` "sparse" (the default of a SPLADE model) or
+    "multi_vector": items ``{"object": "sparse_embedding", "index", "embedding": {"indices",
+    "values"}}`` or ``{"object": "multi_vector_embedding", "index", "embedding": [[float, ...],
+    ...]}``. ``encoding_format`` must be "float" (or absent). Raises APIError 400 for invalid
+    fields and for an output the model does not have."""
     fmt = opt_str(body, "encoding_format")
     if fmt not in (None, "float"):
-        raise bad_request(f"sparse embeddings are sent as JSON numbers only; 'encoding_format' {fmt!r} does not apply",
-                          "encoding_format", "invalid_value")
-    threshold, top_k = _options(body)
+        raise bad_request(f"sparse and multi-vector embeddings are sent as JSON numbers only; 'encoding_format' "
+                          f"{fmt!r} does not apply", "encoding_format", "invalid_value")
     side = opt_str(body, "truncation_side", ("left", "right")) or "right"
-    rows, tokens = await _sparse_rows(gw, body, "input", side)
-    data = []
-    for i, row in enumerate(rows):
-        idx, val = sparse_terms(row, threshold, top_k)
-        data.append({"object": "sparse_embedding", "index": i,
-                     "embedding": {"indices": idx.tolist(), "values": val.tolist()}})
+    try:
+        if output == "sparse":
+            terms, tokens = await sparse_vectors(gw, body, "input", side)
+            data = [{"object": "sparse_embedding", "index": i, "embedding": {"indices": idx.tolist(), "values": val.tolist()}}
+                    for i, (idx, val) in enumerate(terms)]
+        else:
+            vecs, tokens = await token_vectors(gw, body, "input", side)
+            data = [{"object": "multi_vector_embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vecs)]
+    except APIError as e:
+        if e.status != 424:
+            raise
+        raise bad_request(f"model '{gw.public_id}' has no {output} output", "output", "wrong_task") from None
     return json_response({"object": "list", "data": data, "model": gw.public_id,
                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

@@ -12,7 +12,8 @@ is msgpack (msgspec), the payload raw little-endian tensors:
 
 * ``EmbedCall``: payload = lengths int32 [B] ‖ input_ids int32 [T] ‖ token_type_ids int32 [T]
   (the last only when ``with_types``); one ``EmbedReply`` answers it, payload float32 [rows, dim]
-  when OK, empty otherwise;
+  when OK (one row per sequence, or per token with ``per_token``: the sequences' token rows back
+  to back), empty otherwise;
 * ``CancelCall``: no payload and no reply (the gateway stopped waiting; queued sequences are
   dropped).
 
@@ -46,6 +47,7 @@ class EmbedCall(msgspec.Struct, tag="embed", array_like=True, frozen=True):
     priority: int  # bouquet.v1.Priority (0 auto, 1 interactive, 2 batch)
     normalize: bool | None = None  # None: the model's default
     dimensions: int = 0  # 0: the model's full size (Matryoshka truncation otherwise)
+    per_token: bool = False  # one row per token (the model's token outputs: bge-m3 heads, hidden states)
 
 
 class CancelCall(msgspec.Struct, tag="cancel", array_like=True, frozen=True):

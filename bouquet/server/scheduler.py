@@ -5,7 +5,8 @@ offline job uses too). ``next_batch`` takes sequences first-come-first-served fr
 class with pending work — every `interactive` sequence before any `batch` one, and never both
 classes in one batch — until the token budget or the sequence-slot limit is reached. An interactive sequence thus waits for at most the batches
 already in flight (one on the CPU, ``depth`` on a GPU). A sequence longer than the budget still
-runs, alone. What the scheduler does not own: running the engine, waiting for results, or any
+runs, alone. Requests for per-token outputs (``Request.per_token``) queue apart and form batches of
+their own, whose engine output has one row per token. What the scheduler does not own: running the engine, waiting for results, or any
 network I/O (server/service.py does those); it only decides what runs next and routes result rows
 back to their requests.
 """
@@ -52,6 +53,7 @@ class Request:
     remaining: int = 0
     cancelled: bool = False
     error: str | None = None
+    per_token: bool = False  # rows[i] is [len_i, D'] (token outputs) instead of one [D] row
     cum: list[int] = field(default_factory=lambda: [0])  # [n+1] cumulative tokens, once queued
     next: int = 0  # first sequence not yet handed to the engine
 
@@ -73,6 +75,7 @@ class Request:
 class ScheduledBatch:
     batch: Batch
     owners: list[tuple[Request, int]]  # row b of the engine output → (request, sequence index)
+    per_token: bool = False  # the engine output has one row per token: sequence b is rows cu[b]:cu[b+1]
 
 
 @dataclass
@@ -93,8 +96,8 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
-        self._queues: dict[Priority, PackQueue[Request]] = {
-            p: PackQueue(max_batch_tokens, max_batch_seqs) for p in Priority}
+        self._queues: dict[tuple[Priority, bool], PackQueue[Request]] = {
+            (p, t): PackQueue(max_batch_tokens, max_batch_seqs) for p in Priority for t in (False, True)}
         self.stats = SchedulerStats()
 
     @property
@@ -114,7 +117,7 @@ class Scheduler:
         if self.max_queue_tokens is not None and pending > 0 and pending + n > self.max_queue_tokens:
             raise QueueFull(pending, self.max_queue_tokens)
         req.cum, req.next = cumulative(len(s) for s in req.seqs), 0
-        self._queues[req.priority].add(req)
+        self._queues[(req.priority, req.per_token)].add(req)
 
     def cancel(self, req: Request) -> int:
         """Drop ``req``'s sequences that have not run yet; returns how many were dropped.
@@ -122,7 +125,7 @@ class Scheduler:
         if req.cancelled:
             return 0
         req.cancelled = True
-        dropped = self._queues[req.priority].remove(req)
+        dropped = self._queues[(req.priority, req.per_token)].remove(req)
         self.stats.cancelled_seqs += dropped
         return dropped
 
@@ -131,11 +134,11 @@ class Scheduler:
 
     def next_batch(self) -> ScheduledBatch | None:
         """The next batch to run, or None when nothing is pending."""
-        for p in Priority:
+        for key in self._queues:  # (priority, per_token) in priority order
             # Only one class per batch: a batch with interactive work is not topped up with
             # batch-class work, so the query's own batch stays small and its latency is at most
             # the batch in flight plus a short one, not two full batches.
-            slices = self._queues[p].take()
+            slices = self._queues[key].take()
             if slices:
                 break
         else:
@@ -148,12 +151,13 @@ class Scheduler:
         self.stats.batches += 1
         self.stats.sequences += len(owners)
         self.stats.tokens += sum(s.tokens for s in slices)
-        return ScheduledBatch(Batch.pack(seqs, tts), owners)
+        return ScheduledBatch(Batch.pack(seqs, tts), owners, per_token=key[1])
 
     def complete(self, sb: ScheduledBatch, rows: np.ndarray | None, error: str | None = None) -> list[Request]:
         """Route rows [B, D] of a finished batch to their requests (or fail them with ``error``).
         Returns the requests that became done; their ``on_done`` has been called."""
         done: list[Request] = []
+        cu = sb.batch.cu_seqlens
         for b, (req, i) in enumerate(sb.owners):
             if req.remaining == 0:
                 continue  # already failed or finished
@@ -161,7 +165,7 @@ class Scheduler:
                 req.error = error or "engine failure"
                 req.remaining = 0
             else:
-                row = rows[b]
+                row = rows[cu[b]:cu[b + 1]] if sb.per_token else rows[b]
                 if not np.isfinite(row).all():
                     req.error = f"input {i} produced non-finite values (overflow in the model's dtype)"
                     req.remaining = 0

@@ -161,10 +161,11 @@ class InferenceService:
         return dimensions
 
     def submit(self, seqs: list[np.ndarray], tts: list[np.ndarray | None] | None, priority: int,
-               on_done: Callable[[Request], None]) -> Request:
+               on_done: Callable[[Request], None], per_token: bool = False) -> Request:
         """Queue one request's sequences (int32 arrays); ``on_done(request)`` is called on the event
         loop once its rows are in or it failed (``request.error``). ``priority`` is a
-        ``bouquet.v1.Priority``; AUTO is decided by size. Raises QueueFull."""
+        ``bouquet.v1.Priority``; AUTO is decided by size. ``per_token``: the engine's token
+        outputs (``step_tokens``), one row per token. Raises QueueFull."""
         n_tokens = sum(len(s) for s in seqs)
         if priority == pb.PRIORITY_INTERACTIVE:
             prio = Priority.INTERACTIVE
@@ -177,7 +178,7 @@ class InferenceService:
             self._inflight_requests -= 1
             on_done(r)
 
-        req = Request(seqs, tts, prio, on_done=done)
+        req = Request(seqs, tts, prio, on_done=done, per_token=per_token)
         self.scheduler.add(req)  # raises QueueFull before anything is counted
         self._inflight_requests += 1
         self._wake.set()
@@ -195,6 +196,9 @@ class InferenceService:
         """A finished request's rows as float32 LE [B, D'] (pooled rows finalized: Matryoshka
         truncation to ``dims``, then L2 normalization, the model's default when ``normalize``
         is None; scores as they are)."""
+        if req.per_token:  # token rows [len_i, D'] per sequence, back to back; nothing to finalize
+            self.completed_requests += 1
+            return np.ascontiguousarray(np.concatenate(req.rows), dtype="<f4")  # type: ignore[arg-type]
         rows = req.rows[0][None, :] if len(req.rows) == 1 else np.stack(req.rows)  # type: ignore[index, arg-type]
         if self.spec.task == "embed":
             rows = finalize(rows, self.spec.normalize if normalize is None else normalize, dims)
@@ -207,6 +211,10 @@ class InferenceService:
         engine (``inline_step``), or a CUDA-graph replay of a captured bucket (``replays``), whose
         host work costs less than two thread handoffs."""
         return engine.inline_step or engine.replays(batch)
+
+    def _launch(self, engine: StepEngine, sb: ScheduledBatch) -> Callable[[Batch], ResultHandle]:
+        """The engine call for a batch: token outputs for a per-token batch, pooled rows otherwise."""
+        return engine.step_tokens if sb.per_token else engine.step
 
     async def run(self) -> None:
         """Form batches and drive the engine until cancelled.
@@ -229,10 +237,10 @@ class InferenceService:
                 assert engine is not None
                 t_launch = time.perf_counter()
                 try:
-                    if self._inline(engine, sb.batch):
+                    if not sb.per_token and self._inline(engine, sb.batch):
                         handle = engine.step(sb.batch)
                     else:
-                        handle = await loop.run_in_executor(self._step_pool, engine.step, sb.batch)
+                        handle = await loop.run_in_executor(self._step_pool, self._launch(engine, sb), sb.batch)
                 except Exception as e:  # noqa: BLE001 - one bad batch must not stop the replica
                     log.exception("engine step failed")
                     self.scheduler.complete(sb, None, error=f"engine failure: {type(e).__name__}: {e}")
@@ -245,7 +253,8 @@ class InferenceService:
                 try:
                     if h.ready():  # nothing to block on (CPU engine, finished CUDA event): no thread hop
                         rows = h.wait()
-                    elif not inflight and not self.scheduler.has_pending() and self._inline(engine, sb0.batch):
+                    elif (not inflight and not self.scheduler.has_pending() and not sb0.per_token
+                          and self._inline(engine, sb0.batch)):
                         # Idle but for this graph replay (bounded: at most --graph-max-tokens): wait
                         # on the loop. Nothing could be launched meanwhile, and two thread hops
                         # are the largest part of a small model's served batch-1 latency.
