@@ -105,3 +105,17 @@ def test_pickled_head_is_refused(m3_dir, tmp_path):
     torch.save(torch.nn.Linear(64, COLBERT_DIM), d / "colbert_linear.pt")  # a whole module: pickled code
     with pytest.raises(WeightError, match="colbert_linear.pt.*weights_only=True"):
         Engine(load_spec(str(d)), "cpu", "float32")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_token_outputs_on_cuda(m3_dir):
+    """``step_tokens`` on the GPU (bf16, pinned copy back) agrees with the CPU in float32."""
+    from bouquet.engine.batch import Batch
+
+    spec = load_spec(str(m3_dir))
+    batch = Batch.pack(TextTokenizer(spec).encode(TEXTS).ids)
+    ref = Engine(spec, "cpu", "float32").step_tokens(batch).wait()
+    got = Engine(spec, "cuda", "bfloat16").step_tokens(batch).wait()
+    assert got.shape == ref.shape == (batch.num_tokens, 1 + COLBERT_DIM)
+    assert np.abs(got[:, 0] - ref[:, 0]).max() < 0.05 * max(1.0, float(ref[:, 0].max()))
+    assert cosine_rows(got[:, 1:], ref[:, 1:]).min() >= 0.99
