@@ -25,6 +25,7 @@ TRANSPORTS: tuple[str, ...] = ("auto", "grpc")
 # Default sizes, written here only (the server, the offline job and the CLI read them from here).
 MAX_BATCH_SEQS = 512  # sequence slots per engine step
 CHUNK_TOKENS = 8192  # the gateway splits a large request into chunks of about this many tokens
+INTERACTIVE_MAX_TOKENS = 2048  # requests without 'priority' of at most this many tokens are interactive
 GRAPH_MAX_TOKENS = 8192  # batches with more tokens run eagerly, not as a CUDA-graph replay
 # Token budget per engine step when none is given: on the CPU smaller batches keep activations in
 # cache (measured: ~15% faster on 2 cores than 16,384).
@@ -71,7 +72,7 @@ class ServeConfig:
     max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
     # Scheduling (server): a request with at most this many tokens is `interactive` by default.
-    interactive_max_tokens: int = 2048
+    interactive_max_tokens: int = INTERACTIVE_MAX_TOKENS
     max_queue_tokens: int = 4_000_000  # pending tokens per replica before 429
     # Gateway
     replicas: int = 1

@@ -23,6 +23,7 @@ from typing import Any, Coroutine, TypeVar
 import grpc
 import numpy as np
 
+from bouquet.config import CHUNK_TOKENS, INTERACTIVE_MAX_TOKENS
 from bouquet.gateway.channels import GrpcChannel, IpcChannel, Packed, ReplicaQueueFull, ReplicaUnavailable
 from bouquet.gateway.coalesce import Coalescer
 from bouquet.gateway.errors import APIError
@@ -87,8 +88,8 @@ async def gather_or_cancel(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
 @dataclass
 class ReplicaPool:
     addresses: list[str]
-    chunk_tokens: int = 8192
-    interactive_max_tokens: int = 2048  # PRIORITY_AUTO: requests up to this many tokens are interactive
+    chunk_tokens: int = CHUNK_TOKENS
+    interactive_max_tokens: int = INTERACTIVE_MAX_TOKENS  # PRIORITY_AUTO: up to this many tokens are interactive
     request_timeout_s: float = 600.0
     # Requests of at most this many tokens share Embed calls with the others of the same event-loop
     # iteration (gateway/coalesce.py), up to ``chunk_tokens`` per call; 0 turns this off.
