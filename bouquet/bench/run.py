@@ -1,4 +1,4 @@
-"""The four benchmarks of DESIGN.md (plus mixed lengths), run against any ``Target``.
+"""The benchmarks of bench/README.md (1-4, mixed lengths, 5), run against any ``Target``.
 
 1. batch 1, sequential, pre-tokenized, lengths ``lat_lengths``: p50/p90/p99/max ms
 2. scoring: batches of 5/25/50 sequences of 512 tokens, sequential: ms
