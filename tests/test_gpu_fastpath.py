@@ -66,6 +66,32 @@ def test_qk_norm_rope_and_silu_mul_match_the_cpu_path() -> None:
     _bf16_close(silu_mul(gu), torch.nn.functional.silu(gu[:, :3072]) * gu[:, 3072:])
 
 
+def test_decoder_kernel_variants_match_the_cpu_path() -> None:
+    """Gemma's (1 + w) norms (residual and q/k), rotary without a q/k norm (Qwen2, Mistral) and the
+    tanh-GELU gate: the Triton kernels against the eager CPU code."""
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, rope_tables
+
+    norm = RMSNorm(768, 1e-6, unit_offset=True).to("cuda", torch.bfloat16)
+    torch.nn.init.normal_(norm.weight, std=0.3)
+    x, r = (torch.randn(130, 768, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out, s = add_rms_norm(x, r, norm)
+    _bf16_close(out, copy.deepcopy(norm).cpu()((x + r).cpu()))
+    nq, nkv, D, T = 3, 1, 256, 200
+    qn, kn = (RMSNorm(D, 1e-6, unit_offset=True).to("cuda", torch.bfloat16) for _ in range(2))
+    for n in (qn, kn):
+        torch.nn.init.normal_(n.weight, std=0.3)
+    qkv = torch.randn(T, (nq + 2 * nkv) * D, device="cuda", dtype=torch.bfloat16)
+    cos, sin = rope_tables(torch.arange(T, device="cuda", dtype=torch.int32), D, 1e4)
+    for norms in ((qn, kn), (None, None)):
+        cpu = tuple(None if n is None else copy.deepcopy(n).cpu() for n in norms)
+        want = qk_norm_rope(qkv.cpu(), *cpu, cos.cpu(), sin.cpu(), nq, nkv, D)
+        for g, w in zip(qk_norm_rope(qkv.clone(), *norms, cos, sin, nq, nkv, D), want):
+            _bf16_close(g, w)
+    gu = torch.randn(T, 2 * 1152, device="cuda", dtype=torch.bfloat16) * 3
+    _bf16_close(gelu_tanh_mul(gu), torch.nn.functional.gelu(gu[:, :1152], approximate="tanh") * gu[:, 1152:])
+
+
 def test_linear_gelu_epilogue_matches_erf_gelu() -> None:
     from bouquet.engine.ops import linear_gelu
 
@@ -100,8 +126,10 @@ def _tokenizer() -> Path:
         return p
 
 
-@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny"])
+@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny", "qwen2-tiny", "gemma3-tiny"])
 def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) -> None:
+    from dataclasses import replace
+
     from bouquet.bench.models import SHAPES, make_model_dir, tiny
     from bouquet.engine.batch import Batch
     from bouquet.engine.buckets import bucket_for
@@ -109,7 +137,13 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     from bouquet.modelspec import load_spec
 
     # qwen3-tiny: 2 layers, head_dim 32 (fused RMSNorm / q-k norm + rotary / SiLU kernels)
-    s = tiny(SHAPES["qwen3-0.6b"], hidden=128) if shape == "qwen3-tiny" else SHAPES[shape]
+    s = tiny(SHAPES["qwen3-0.6b"], hidden=128) if shape == "qwen3-tiny" else SHAPES.get(shape)
+    if shape == "qwen2-tiny":  # q/k/v biases, rotary without q/k norm
+        s = tiny(SHAPES["gte-qwen2-1.5b"], hidden=128)
+    if shape == "gemma3-tiny":  # bidirectional, sliding ±16 / global layers, (1 + w) norms, tanh-GELU
+        s = tiny(SHAPES["embeddinggemma-300m"], hidden=128, layers=3)
+        s = replace(s, config=dict(s.config, sliding_window=32,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
     model_dir = make_model_dir(s, tmp_path, _tokenizer())
     eng = Engine(load_spec(str(model_dir)), "cuda", graphs=GraphOptions(debug=True))
     rng = np.random.default_rng(0)

@@ -18,8 +18,8 @@ from bouquet.engine.engine import Engine
 from bouquet.modelspec import ModelSpec, load_spec
 from tests.fixtures.tiny_models import KINDS, make_tiny_model
 
-EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert", "roberta", "mpnet")
-SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross", "mpnet-cross")
+EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert", "roberta", "mpnet", "modernbert", "qwen2", "mistral", "gemma3")
+SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross", "mpnet-cross", "modernbert-cross")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,9 @@ def reference(kind: str, path: Path, spec: ModelSpec, seqs: list[np.ndarray], ty
            "qwen3-bidir": tf.Qwen3Model, "qwen3-reranker": tf.Qwen3ForCausalLM, "distilbert": tf.DistilBertModel,
            "distilbert-cross": tf.DistilBertForSequenceClassification, "roberta": tf.RobertaModel,
            "roberta-cross": tf.RobertaForSequenceClassification, "mpnet": tf.MPNetModel,
-           "mpnet-cross": tf.MPNetForSequenceClassification}[kind]
+           "mpnet-cross": tf.MPNetForSequenceClassification, "modernbert": tf.ModernBertModel,
+           "modernbert-cross": tf.ModernBertForSequenceClassification, "qwen2": tf.Qwen2Model,
+           "mistral": tf.MistralModel, "gemma3": tf.Gemma3TextModel}[kind]
     impl = "eager" if kind.startswith("mpnet") else "sdpa"  # MPNet has only its eager attention in transformers
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation=impl).eval()
     kwargs: dict[str, object] = {}
@@ -129,7 +131,7 @@ def test_batched_equals_single(kind: str, skewed: bool, tiny_dirs: dict[str, Pat
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker", "mpnet"])
+@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker", "mpnet", "modernbert-cross", "gemma3"])
 def test_low_precision_close_to_float32(kind: str, dtype: str, tiny_dirs: dict[str, Path]) -> None:
     """fp16/bf16 engines agree with the float32 engine: cosine ≥ 0.99, scores within 0.02."""
     spec = load_spec(str(tiny_dirs[kind]))

@@ -1,5 +1,5 @@
 """`bouquet serve --model DIR` serves the other embedding families end to end (XLM-R,
-bidirectional Qwen3, DistilBERT, RoBERTa, MPNet; BERT and causal Qwen3 have their own tests) and the other
+bidirectional Qwen3, DistilBERT, RoBERTa, MPNet, ModernBERT; BERT and causal Qwen3 have their own tests) and the other
 cross-encoder families through /v1/rerank: vectors over real HTTP equal the
 in-process engine's on the gateway's own token ids. The engine is checked against transformers in
 test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization)."""
@@ -15,13 +15,14 @@ from bouquet.engine.pooling import finalize
 from bouquet.tokenization import TextTokenizer
 from bouquet.modelspec import load_spec
 from helpers import BouquetProcess, cosine_rows
+from tests.fixtures.tiny_decoders import DECODER_KINDS
 from tests.fixtures.tiny_models import make_tiny_model
 
 TEXTS = ["hello world", "a somewhat longer sentence about search and ranking", "x"]
 QUERY = "search the river city"
 
 
-@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir", "distilbert", "roberta", "mpnet"])
+@pytest.mark.parametrize("kind", ["xlmr", "qwen3-bidir", "distilbert", "roberta", "mpnet", "modernbert"])
 def test_serve_family_over_http(kind, tmp_path):
     model_dir = make_tiny_model(kind, tmp_path / kind)
     spec = load_spec(str(model_dir))
@@ -42,7 +43,7 @@ def test_serve_family_over_http(kind, tmp_path):
         srv.stop()
 
 
-@pytest.mark.parametrize("kind", ["distilbert-cross", "roberta-cross", "mpnet-cross"])
+@pytest.mark.parametrize("kind", ["distilbert-cross", "roberta-cross", "mpnet-cross", "modernbert-cross"])
 def test_serve_cross_family_over_http(kind, tmp_path):
     """/v1/rerank on a cross-encoder family: raw scores over HTTP equal the in-process engine's
     logits on the gateway's own (query, document) pair encoding, and the order follows them."""
@@ -61,6 +62,32 @@ def test_serve_cross_family_over_http(kind, tmp_path):
         np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], ref, atol=1e-4)
         assert [x["index"] for x in r.json()["results"]] == list(np.argsort(-ref, kind="stable"))
         assert ref.max() - ref.min() > 0.05  # the documents score differently
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("kind", DECODER_KINDS)
+def test_serve_decoder_family_over_http(kind, tmp_path):
+    """The decoder embedders (gte-Qwen2, e5-mistral, EmbeddingGemma styles) over /v1/embeddings,
+    plain and with their query prompt: equal to the in-process engine on the prompted text (the
+    gateway appends a missing EOS, e5-mistral's pooled token)."""
+    model_dir = make_tiny_model(kind, tmp_path / kind)
+    spec = load_spec(str(model_dir))
+    prompt = spec.prompts["query"]
+    tok = TextTokenizer(spec)
+    with torch.inference_mode():
+        engine = Engine(spec, "cpu", "float32")
+        ref, ref_q = (finalize(engine.step(Batch.pack(tok.encode(texts).ids)).wait(), spec.normalize, None)
+                      for texts in (TEXTS, [prompt + t for t in TEXTS]))
+    if spec.append_eos_id is not None:
+        assert all(ids[-1] == spec.append_eos_id for ids in tok.encode(TEXTS).ids)
+    srv = BouquetProcess("--model", str(model_dir), "--log-level", "warning")
+    try:
+        got, got_q = srv.vectors(TEXTS), srv.vectors(TEXTS, prompt_name="query")
+        assert got.shape == (len(TEXTS), spec.dimension)
+        assert cosine_rows(got, ref).min() >= 0.9999 and cosine_rows(got_q, ref_q).min() >= 0.9999
+        assert cosine_rows(got, got_q).max() < 0.999  # the prompt changes the vectors
+        assert cosine_rows(got[:-1], got[1:]).max() < 0.999
     finally:
         srv.stop()
 

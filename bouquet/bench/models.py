@@ -35,8 +35,13 @@ class ModelShape:
         return cls(path.name, json.loads((path / "config.json").read_text()), spec.pooling, spec.max_seq_length, path=path)
 
     @property
+    def gated(self) -> bool:
+        """A decoder family: gated MLP (gate, up, down), grouped-query attention."""
+        return self.config["model_type"] in _DECODER_TYPES
+
+    @property
     def causal(self) -> bool:
-        return self.config["model_type"] == "qwen3"
+        return self.gated and not self.config.get("use_bidirectional_attention", False)
 
     def linear_flops_per_token(self) -> float:
         """Multiply-adds ×2 of every projection and MLP matmul, per token (no attention)."""
@@ -45,21 +50,29 @@ class ModelShape:
         nq = c["num_attention_heads"]
         d = c.get("head_dim") or h // nq
         nkv = c.get("num_key_value_heads", nq)
-        mlp = (3 if self.causal else 2) * h * inter  # gated MLP (gate, up, down) vs BERT's two
+        gated = self.gated or c["model_type"] == "modernbert"  # ModernBERT's Wi is GeGLU's input + gate
+        mlp = (3 if gated else 2) * h * inter  # gated MLP (gate, up, down) vs BERT's two
         return 2.0 * layers * (h * nq * d + 2 * h * nkv * d + nq * d * h + mlp)
 
     def attention_flops_per_token(self, length: int) -> float:
-        """QKᵀ and PV for one token attending over a sequence of ``length`` (halved if causal)."""
+        """QKᵀ and PV for one token attending over a sequence of ``length`` (halved if causal;
+        ModernBERT's local layers see at most ``local_attention + 1`` keys)."""
         c = self.config
         nq = c["num_attention_heads"]
         d = c.get("head_dim") or c["hidden_size"] // nq
-        f = 4.0 * c["num_hidden_layers"] * nq * d * length
+        layers = c["num_hidden_layers"]
+        keys = float(layers * length)
+        if c["model_type"] == "modernbert":
+            n_global = -(-layers // int(c.get("global_attn_every_n_layers", 3)))  # layers 0, n, 2n, ...
+            keys = n_global * length + (layers - n_global) * min(length, int(c.get("local_attention", 128)) + 1)
+        f = 4.0 * nq * d * keys
         return f / 2 if self.causal else f
 
     def sequence_flops(self, length: int) -> float:
         return length * (self.linear_flops_per_token() + self.attention_flops_per_token(length))
 
 
+_DECODER_TYPES = ("qwen3", "qwen2", "mistral", "gemma3_text")
 _BERT_BASE = dict(model_type="bert", architectures=["BertModel"], vocab_size=30522, hidden_size=768,
                   num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
                   max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0)
@@ -73,6 +86,35 @@ SHAPES: dict[str, ModelShape] = {
         intermediate_size=3072, hidden_act="silu", max_position_embeddings=32768, rope_theta=1000000.0,
         rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=151643, bos_token_id=151643,
         attention_bias=False), "last", 4096),
+    # ModernBERT-base (gte-modernbert-base, modernbert-embed-base): GeGLU MLP, every third layer
+    # global, the others a 128-token window (±64); config.json names as the Hub ships them
+    "modernbert-base": ModelShape("modernbert-base", dict(
+        model_type="modernbert", architectures=["ModernBertModel"], vocab_size=50368, hidden_size=768,
+        num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152, hidden_activation="gelu",
+        max_position_embeddings=8192, local_attention=128, global_attn_every_n_layers=3,
+        global_rope_theta=160000.0, local_rope_theta=10000.0, norm_eps=1e-5, norm_bias=False,
+        pad_token_id=50283, bos_token_id=50281, eos_token_id=50282, cls_token_id=50281, sep_token_id=50282),
+        "mean", 8192),
+    # gte-Qwen2-1.5B-instruct (its config.json: a Qwen2ForCausalLM checkpoint, q/k/v biases)
+    "gte-qwen2-1.5b": ModelShape("gte-qwen2-1.5b", dict(
+        model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=151646, hidden_size=1536,
+        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+        hidden_act="silu", max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, use_sliding_window=False, eos_token_id=151643, bos_token_id=151643),
+        "last", 4096),
+    # e5-mistral-7b-instruct (Mistral-7B's shape, no sliding window)
+    "e5-mistral-7b": ModelShape("e5-mistral-7b", dict(
+        model_type="mistral", architectures=["MistralModel"], vocab_size=32000, hidden_size=4096,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        hidden_act="silu", max_position_embeddings=32768, rope_theta=10000.0, rms_norm_eps=1e-5,
+        sliding_window=None, eos_token_id=2, bos_token_id=1), "last", 4096),
+    # EmbeddingGemma-300m: bidirectional Gemma3, 5 sliding (±256) : 1 global layers, mean pooling
+    "embeddinggemma-300m": ModelShape("embeddinggemma-300m", dict(
+        model_type="gemma3_text", architectures=["Gemma3TextModel"], vocab_size=262144, hidden_size=768,
+        num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1, head_dim=256, intermediate_size=1152,
+        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=2048, query_pre_attn_scalar=256,
+        sliding_window=512, use_bidirectional_attention=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rms_norm_eps=1e-6, pad_token_id=0, eos_token_id=1, bos_token_id=2), "mean", 2048),
     # msmarco-distilbert-base-v4 / multi-qa-distilbert: config.json names are DistilBERT's (dim,
     # hidden_dim, n_layers, n_heads; transformers maps hidden_size & co. onto them), the standard
     # names stay for the FLOP counts.

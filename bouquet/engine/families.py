@@ -14,6 +14,9 @@ Adding an architecture (e.g. ``ElectraModel``):
    positions from 0);
 3. add a tiny random model of it to ``tests/fixtures/tiny_models.py``: ``tests/test_model_families.py``
    then compares it with transformers.
+A decoder family (RMSNorm, rotary, gated MLP) is not a new file: subclass ``DecoderModel`` in
+``engine/models/decoder.py`` with the ``DecoderFacts`` in which it differs, and give its row
+``decoder=True`` (causal unless config.json says bidirectional; see ``modelspec.is_causal``).
 A task model (``...ForSequenceClassification``) is a second row with ``score_head=True`` and
 ``pooling="cls"``. A position embedding table that reserves rows before position 0 (RoBERTa's
 ``padding_idx + 1``) is ``positions_after_padding=True``: the model reads the offset from
@@ -56,6 +59,9 @@ class Family:
     default_instruction     the reranker's {instruction} when the request gives none
     sparse                  a masked LM served as a SPLADE encoder: its logits pooled into one
                             vocabulary-sized row per text (``/embed_sparse``)
+    pooling_key             a config.json key naming the pooling the checkpoint's own head uses
+                            (ModernBERT's ``classifier_pooling``: "cls" or "mean"), read before
+                            ``pooling``; None: the row's ``pooling``
     """
 
     module: str
@@ -68,13 +74,17 @@ class Family:
     reranker_template: str | None = None
     default_instruction: str | None = None
     sparse: bool = False
+    pooling_key: str | None = None
 
     def position_offset(self, cfg: dict[str, Any]) -> int:
         """Row of ``position_embeddings`` that holds position 0 (0, or ``pad_token_id + 1``)."""
         return int(cfg.get("pad_token_id", 1)) + 1 if self.positions_after_padding else 0
 
-    def default_pooling(self, causal: bool) -> Pooling:
-        """The pooling when the model directory does not declare one."""
+    def default_pooling(self, causal: bool, cfg: dict[str, Any] | None = None) -> Pooling:
+        """The pooling when the model directory does not declare one (no sentence-transformers
+        Pooling module): config.json's ``pooling_key`` value when the row has one, else the row's."""
+        if self.pooling_key and cfg and cfg.get(self.pooling_key) in ("cls", "mean", "last"):
+            return cfg[self.pooling_key]
         return "mean" if self.decoder and not causal else self.pooling
 
 
@@ -97,10 +107,20 @@ FAMILIES: dict[str, Family] = {
     "DistilBertModel": Family("distilbert", "DistilBertModel"),
     "DistilBertForSequenceClassification": Family("distilbert", "DistilBertForSequenceClassification",
                                                   score_head=True, pooling="cls"),
-    "Qwen3Model": Family("qwen3", "Qwen3Model", decoder=True, pooling="last"),
-    "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", embed_cls="Qwen3Model", decoder=True, pooling="last",
+    "Qwen3Model": Family("decoder", "Qwen3Model", decoder=True, pooling="last"),
+    "Qwen3ForCausalLM": Family("decoder", "Qwen3ForCausalLM", embed_cls="Qwen3Model", decoder=True, pooling="last",
                                reranker_template=QWEN3_RERANKER_TEMPLATE,
                                default_instruction=QWEN3_DEFAULT_INSTRUCTION),
+    # gte-Qwen2 ships as Qwen2ForCausalLM: served as an embedder (its LM head unused)
+    "Qwen2Model": Family("decoder", "Qwen2Model", decoder=True, pooling="last"),
+    "Qwen2ForCausalLM": Family("decoder", "Qwen2Model", decoder=True, pooling="last"),
+    "MistralModel": Family("decoder", "MistralModel", decoder=True, pooling="last"),
+    "MistralForCausalLM": Family("decoder", "MistralModel", decoder=True, pooling="last"),
+    # EmbeddingGemma: bidirectional (use_bidirectional_attention), so mean pooling by default
+    "Gemma3TextModel": Family("decoder", "Gemma3TextModel", decoder=True, pooling="last"),
+    "ModernBertModel": Family("modernbert", "ModernBertModel"),
+    "ModernBertForSequenceClassification": Family("modernbert", "ModernBertForSequenceClassification",
+                                                  score_head=True, pooling="cls", pooling_key="classifier_pooling"),
 }
 
 # An architecture without a row: read like a BERT-style encoder, so that the gateway can still

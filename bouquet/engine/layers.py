@@ -31,16 +31,22 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 class RMSNorm(nn.Module):
     """x [..., D] any float dtype → same shape and dtype. Normalizes in float32, then scales by
-    ``weight`` in the input dtype (HF's order: the cast happens before the multiply)."""
+    ``weight`` in the input dtype (HF's order: the cast happens before the multiply).
 
-    def __init__(self, dim: int, eps: float) -> None:
+    ``unit_offset`` (Gemma, ``Gemma3RMSNorm``): the scale is (1 + weight), applied in float32
+    before the one cast to the input dtype."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (xf * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * xf.to(x.dtype)
 
 
