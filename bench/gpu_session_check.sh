@@ -15,17 +15,17 @@ R="$OUT/r"
 mkdir -p "$R"
 B=(--device cuda --system engine --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512
    --thr-lengths 512,1024 --score-batches 5,25)
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_st_modules.py > "$R/gpu-tests.txt" 2>&1
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_st_modules.py > "$R/gpu-tests.txt" 2>&1
 tail -3 "$R/gpu-tests.txt"
-timeout 200 python3 bench/gpu_models_check.py "$R/models.json" > "$R/models.txt" 2>&1
+timeout 150 python3 bench/gpu_models_check.py "$R/models.json" > "$R/models.txt" 2>&1
 cat "$R/models.txt" | tail -20
-timeout 110 python3 -m bouquet bench --model bge-base "${B[@]}" --benchmarks 1,2,3,mixed --out "$R/bge-new" > "$R/bge-new.log" 2>&1
+timeout 90 python3 -m bouquet bench --model bge-base "${B[@]}" --benchmarks 1,2,3,mixed --out "$R/bge-new" > "$R/bge-new.log" 2>&1
 if [ -n "${BASE_TREE:-}" ]; then
-  (cd "$BASE_TREE" && PYTHONPATH="$BASE_TREE:/tmp/site:/tmp/shim" timeout 110 python3 -m bouquet bench --model bge-base "${B[@]}" \
+  (cd "$BASE_TREE" && PYTHONPATH="$BASE_TREE:/tmp/site:/tmp/shim" timeout 90 python3 -m bouquet bench --model bge-base "${B[@]}" \
      --benchmarks 1,2,3,mixed --out "$R/bge-base-tree" > "$R/bge-base-tree.log" 2>&1)
 fi
 for m in ${ENCODERS:-mpnet-base modernbert-base}; do
-  timeout 100 python3 -m bouquet bench --model "$m" "${B[@]}" --benchmarks 3,mixed --out "$R/$m" > "$R/$m.log" 2>&1
+  timeout 90 python3 -m bouquet bench --model "$m" "${B[@]}" --benchmarks 3,mixed --out "$R/$m" > "$R/$m.log" 2>&1
 done
 for f in "$R"/*/results.md; do echo "== $f"; cat "$f"; done 2>/dev/null | head -120
 tar czf "$OUT/r.tgz" -C "$OUT" r
