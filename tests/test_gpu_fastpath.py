@@ -92,6 +92,23 @@ def test_decoder_kernel_variants_match_the_cpu_path() -> None:
     _bf16_close(gelu_tanh_mul(gu), torch.nn.functional.gelu(gu[:, :1152], approximate="tanh") * gu[:, 1152:])
 
 
+def test_modernbert_kernels_match_the_cpu_path() -> None:
+    """ModernBERT's pre-norm add + bias-free LayerNorm (the rounded sum kept as the residual) and
+    its erf-GELU gate: the Triton kernels against the eager CPU code."""
+    from bouquet.engine.ops import add_layer_norm_pre, gelu_mul
+
+    ln = torch.nn.LayerNorm(768, eps=1e-5, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(ln.weight, mean=1.0, std=0.3)
+    for T in (1, 130, 4096):
+        x, r = (torch.randn(T, 768, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out, s = add_layer_norm_pre(x, r, ln)
+        want_out, want_s = add_layer_norm_pre(x.cpu(), r.cpu(), copy.deepcopy(ln).cpu())
+        torch.testing.assert_close(s.cpu(), want_s, atol=0, rtol=0)  # the same bf16 sum
+        _bf16_close(out, want_out)
+    gu = torch.randn(200, 2 * 1152, device="cuda", dtype=torch.bfloat16) * 3
+    _bf16_close(gelu_mul(gu), torch.nn.functional.gelu(gu[:, :1152]) * gu[:, 1152:])
+
+
 def test_linear_gelu_epilogue_matches_erf_gelu() -> None:
     from bouquet.engine.ops import linear_gelu
 
@@ -126,7 +143,7 @@ def _tokenizer() -> Path:
         return p
 
 
-@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny", "qwen2-tiny", "gemma3-tiny"])
+@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny", "qwen2-tiny", "gemma3-tiny", "modernbert-tiny"])
 def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) -> None:
     from dataclasses import replace
 
@@ -144,6 +161,8 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
         s = tiny(SHAPES["embeddinggemma-300m"], hidden=128, layers=3)
         s = replace(s, config=dict(s.config, sliding_window=32,
                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+    if shape == "modernbert-tiny":  # global, local ±64, local; rotary without norm, GeGLU, bias-free LN
+        s = tiny(SHAPES["modernbert-base"], hidden=128, layers=3)
     model_dir = make_model_dir(s, tmp_path, _tokenizer())
     eng = Engine(load_spec(str(model_dir)), "cuda", graphs=GraphOptions(debug=True))
     rng = np.random.default_rng(0)
