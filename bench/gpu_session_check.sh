@@ -9,11 +9,11 @@
 #      modernbert-base) next to bge-base.
 # Run through the wrapper, which installs the carried wheels:
 #   bash bench/gpu.sh bash bench/gpu_session_check.sh        (carry .whl, .carry/minilm-bf16 [, BASE_TREE])
-# Everything lands in $OUT/r (logs, JSON, results.md) and is bundled as $OUT/r.tgz.
+# Everything lands in $OUT/r (logs, JSON, results.md; model folders in /tmp) and is bundled as $OUT/r.tgz.
 set -u
 R="$OUT/r"
 mkdir -p "$R"
-B=(--device cuda --system engine --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512
+B=(--device cuda --system engine --models-root /tmp/bench-models --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512
    --thr-lengths 512,1024 --score-batches 5,25)
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_fastpath.py tests/test_st_modules.py > "$R/gpu-tests.txt" 2>&1
 tail -3 "$R/gpu-tests.txt"
@@ -27,5 +27,7 @@ fi
 for m in ${ENCODERS:-mpnet-base modernbert-base}; do
   timeout 90 python3 -m bouquet bench --model "$m" "${B[@]}" --benchmarks 3,mixed --out "$R/$m" > "$R/$m.log" 2>&1
 done
-for f in "$R"/*/results.md; do echo "== $f"; cat "$f"; done 2>/dev/null | head -120
+for f in "$R"/*/results.md; do echo "== $f"; cat "$f"; done > "$R/results-all.md" 2>/dev/null
+grep -h "^| b" "$R/results-all.md"
+# Only a few files come back from a device call: one bundle of the results (no model weights).
 tar czf "$OUT/r.tgz" -C "$OUT" r

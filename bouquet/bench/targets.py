@@ -79,7 +79,11 @@ class TransformersTarget(Target):
         self.spec = load_spec(str(model_dir))
         self.torch, self.device = torch, device
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        self.model = AutoModel.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        try:
+            model = AutoModel.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        except ValueError:  # architectures without an SDPA path in transformers (MPNet): their eager one
+            model = AutoModel.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
+        self.model = model.to(device).eval()
         self._lock = threading.Lock()
 
     def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
