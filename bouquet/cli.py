@@ -163,7 +163,9 @@ def serve(
 
 @app.command()
 def bench(
-    model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: bge-base | qwen3-0.6b | minilm; "
+    model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
+                                    "qwen3-0.6b, mpnet-base, modernbert-base, distilbert, roberta-large, gte-qwen2-1.5b, e5-mistral-7b, "
+                                    "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"],
                                      help="Systems: engine (in process) | grpc | http | http-noop (bouquet serve --engine "
