@@ -45,6 +45,12 @@ class ConfigError(ValueError):
     """A configuration value is out of its allowed range; the message names it."""
 
 
+# Lower bounds of the integer options (flag = field name with dashes).
+MINIMUMS = (("max_batch_seqs", 1), ("replicas", 1), ("replicas_per_gpu", 1), ("gateway_workers", 1),
+            ("max_request_bytes", 1024), ("max_inputs", 1), ("interactive_max_tokens", 0), ("max_queue_tokens", 1),
+            ("chunk_tokens", 1))
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything `bouquet serve` needs. Units: tokens, bytes, ms, seconds as named.
@@ -126,14 +132,11 @@ class ServeConfig:
             v = getattr(self, name)
             if not 0 <= v <= 65535:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 65535], got {v}")
+        for name, low in MINIMUMS:
+            if getattr(self, name) < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
         if self.max_batch_tokens < 0:
             raise ConfigError(f"--max-batch-tokens must be >= 1 (or 0 for auto), got {self.max_batch_tokens}")
-        if self.max_batch_seqs < 1:
-            raise ConfigError(f"--max-batch-seqs must be >= 1, got {self.max_batch_seqs}")
-        if self.replicas < 1:
-            raise ConfigError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.replicas_per_gpu < 1:
-            raise ConfigError(f"--replicas-per-gpu must be >= 1, got {self.replicas_per_gpu}")
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"--transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.models:
@@ -146,20 +149,8 @@ class ServeConfig:
                 raise ConfigError("--server serves one model; with several --model let `serve` start the replicas")
         if self.ipc_paths and len(self.ipc_paths) != len(self.servers):
             raise ConfigError(f"ipc_paths has {len(self.ipc_paths)} entries for {len(self.servers)} servers")
-        if self.gateway_workers < 1:
-            raise ConfigError(f"--gateway-workers must be >= 1, got {self.gateway_workers}")
-        if self.max_request_bytes < 1024:
-            raise ConfigError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         if not self.timeout_keep_alive > 0:
             raise ConfigError(f"--timeout-keep-alive must be > 0, got {self.timeout_keep_alive}")
-        if self.max_inputs < 1:
-            raise ConfigError(f"--max-inputs must be >= 1, got {self.max_inputs}")
-        if self.interactive_max_tokens < 0:
-            raise ConfigError(f"--interactive-max-tokens must be >= 0, got {self.interactive_max_tokens}")
-        if self.max_queue_tokens < 1:
-            raise ConfigError(f"--max-queue-tokens must be >= 1, got {self.max_queue_tokens}")
-        if self.chunk_tokens < 1:
-            raise ConfigError(f"--chunk-tokens must be >= 1, got {self.chunk_tokens}")
         if self.graph_max_tokens < 64:
             raise ConfigError(f"--graph-max-tokens must be >= 64 (the smallest bucket), got {self.graph_max_tokens}")
         for b in self.capture_buckets:

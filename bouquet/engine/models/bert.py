@@ -108,48 +108,26 @@ class PostNormLayer(nn.Module):
         return add_layer_norm(y, x, p.out_norm)
 
 
-class BertSelfAttention(nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
+def modules(**children: nn.Module) -> nn.ModuleDict:
+    """A container whose children carry the checkpoint's names (``attention.self.query``): the
+    Hugging Face layout by name, without a class per container. Children read as attributes."""
+    return nn.ModuleDict(children)
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, h: int, eps: float) -> None:
-        super().__init__()
-        self.dense = nn.Linear(h, h)
-        self.LayerNorm = nn.LayerNorm(h, eps=eps)
-
-
-class BertAttention(nn.Module):
-    def __init__(self, h: int, eps: float) -> None:
-        super().__init__()
-        self.self = BertSelfAttention(h)
-        self.output = BertSelfOutput(h, eps)
-
-
-class BertIntermediate(nn.Module):
-    def __init__(self, h: int, i: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(h, i)
-
-
-class BertOutput(nn.Module):
-    def __init__(self, h: int, i: int, eps: float) -> None:
-        super().__init__()
-        self.dense = nn.Linear(i, h)
-        self.LayerNorm = nn.LayerNorm(h, eps=eps)
+def dense_norm(i: int, h: int, eps: float) -> nn.ModuleDict:
+    """``dense`` [i → h] + ``LayerNorm`` [h]: BERT's attention output and FFN output blocks, and the
+    MLM head's transform."""
+    return modules(dense=nn.Linear(i, h), LayerNorm=nn.LayerNorm(h, eps=eps))
 
 
 class BertLayer(PostNormLayer):
     def __init__(self, cfg: dict[str, Any]) -> None:
         h, i, eps = cfg["hidden_size"], cfg["intermediate_size"], cfg.get("layer_norm_eps", 1e-12)
         super().__init__(h, cfg["num_attention_heads"], cfg.get("hidden_act", "gelu"))
-        self.attention = BertAttention(h, eps)
-        self.intermediate = BertIntermediate(h, i)
-        self.output = BertOutput(h, i, eps)
+        self.attention = modules(self=modules(query=nn.Linear(h, h), key=nn.Linear(h, h), value=nn.Linear(h, h)),
+                                 output=dense_norm(h, h, eps))
+        self.intermediate = modules(dense=nn.Linear(h, i))
+        self.output = dense_norm(i, h, eps)
 
     def parts(self) -> LayerParts:
         s, o = self.attention.self, self.attention.output

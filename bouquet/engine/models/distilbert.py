@@ -17,25 +17,10 @@ from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.models.bert import BertEmbeddings, BertForSequenceClassification, LayerParts, PostNormLayer, num_labels
+from bouquet.engine.models.bert import (BertEmbeddings, BertForSequenceClassification, LayerParts, PostNormLayer, modules,
+                                         num_labels)
 
 EPS = 1e-12  # DistilBERT's LayerNorms (modeling_distilbert.py), not configurable
-
-
-class DistilBertSelfAttention(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.q_lin = nn.Linear(dim, dim)
-        self.k_lin = nn.Linear(dim, dim)
-        self.v_lin = nn.Linear(dim, dim)
-        self.out_lin = nn.Linear(dim, dim)
-
-
-class FFN(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int) -> None:
-        super().__init__()
-        self.lin1 = nn.Linear(dim, hidden_dim)
-        self.lin2 = nn.Linear(hidden_dim, dim)
 
 
 class TransformerBlock(PostNormLayer):
@@ -44,9 +29,9 @@ class TransformerBlock(PostNormLayer):
     def __init__(self, cfg: dict[str, Any]) -> None:
         dim = cfg["dim"]
         super().__init__(dim, cfg["n_heads"], cfg.get("activation", "gelu"))
-        self.attention = DistilBertSelfAttention(dim)
+        self.attention = modules(**{n: nn.Linear(dim, dim) for n in ("q_lin", "k_lin", "v_lin", "out_lin")})
         self.sa_layer_norm = nn.LayerNorm(dim, eps=EPS)
-        self.ffn = FFN(dim, cfg["hidden_dim"])
+        self.ffn = modules(lin1=nn.Linear(dim, cfg["hidden_dim"]), lin2=nn.Linear(cfg["hidden_dim"], dim))
         self.output_layer_norm = nn.LayerNorm(dim, eps=EPS)
 
     def parts(self) -> LayerParts:

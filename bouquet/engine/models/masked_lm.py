@@ -21,7 +21,7 @@ from torch import nn
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.layers import activation
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.models.bert import BertModel, BertSelfOutput
+from bouquet.engine.models.bert import BertModel, dense_norm
 from bouquet.engine.models.distilbert import DistilBertModel
 
 
@@ -30,7 +30,7 @@ class _Predictions(nn.Module):
         super().__init__()
         h, v = cfg["hidden_size"], cfg["vocab_size"]
         # dense [h, h] + LayerNorm: the same parameters as BERT's attention output block
-        self.transform = BertSelfOutput(h, cfg.get("layer_norm_eps", 1e-12))
+        self.transform = dense_norm(h, h, cfg.get("layer_norm_eps", 1e-12))
         self.bias = nn.Parameter(torch.zeros(v))
         if cfg.get("tie_word_embeddings", True) is False:  # an untied decoder has its own matrix
             self.decoder = nn.Linear(h, v, bias=False)

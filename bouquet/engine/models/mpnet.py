@@ -24,7 +24,7 @@ from torch import nn
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.families import architecture_of, family
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.models.bert import BertEmbeddings, BertIntermediate, BertOutput, LayerParts, PostNormLayer
+from bouquet.engine.models.bert import BertEmbeddings, LayerParts, PostNormLayer, dense_norm, modules
 from bouquet.engine.models.xlm_roberta import XLMRobertaForSequenceClassification
 
 NUM_BUCKETS = 32  # MPNetEncoder.compute_position_bias's default, used whatever the config says
@@ -48,29 +48,14 @@ def relative_position_bucket(relative_position: torch.Tensor) -> torch.Tensor:
     return ret + torch.where(is_small, n, large)
 
 
-class MPNetSelfAttention(nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.q = nn.Linear(h, h)
-        self.k = nn.Linear(h, h)
-        self.v = nn.Linear(h, h)
-        self.o = nn.Linear(h, h)
-
-
-class MPNetAttention(nn.Module):
-    def __init__(self, h: int, eps: float) -> None:
-        super().__init__()
-        self.attn = MPNetSelfAttention(h)
-        self.LayerNorm = nn.LayerNorm(h, eps=eps)
-
-
 class MPNetLayer(PostNormLayer):
     def __init__(self, cfg: dict[str, Any]) -> None:
         h, i, eps = cfg["hidden_size"], cfg["intermediate_size"], cfg.get("layer_norm_eps", 1e-12)
         super().__init__(h, cfg["num_attention_heads"], cfg.get("hidden_act", "gelu"))
-        self.attention = MPNetAttention(h, eps)
-        self.intermediate = BertIntermediate(h, i)
-        self.output = BertOutput(h, i, eps)
+        self.attention = modules(attn=modules(q=nn.Linear(h, h), k=nn.Linear(h, h), v=nn.Linear(h, h), o=nn.Linear(h, h)),
+                                 LayerNorm=nn.LayerNorm(h, eps=eps))
+        self.intermediate = modules(dense=nn.Linear(h, i))
+        self.output = dense_norm(i, h, eps)
 
     def parts(self) -> LayerParts:
         a = self.attention

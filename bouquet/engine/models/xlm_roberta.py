@@ -17,20 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.models.bert import BertForSequenceClassification, BertModel, num_labels
+from bouquet.engine.models.bert import BertForSequenceClassification, BertModel, modules, num_labels
 
 
 class XLMRobertaModel(BertModel):
     """Embedding model: hidden states [T, hidden]; pooling happens outside (engine/pooling.py)."""
 
     PREFIXES: tuple[str, ...] = ("roberta.", "model.")
-
-
-class XLMRobertaClassificationHead(nn.Module):
-    def __init__(self, h: int, n: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(h, h)
-        self.out_proj = nn.Linear(h, n)
 
 
 class XLMRobertaForSequenceClassification(BertForSequenceClassification):
@@ -42,7 +35,8 @@ class XLMRobertaForSequenceClassification(BertForSequenceClassification):
     base_name = "roberta"
 
     def build_head(self, cfg: dict[str, Any]) -> None:
-        self.classifier = XLMRobertaClassificationHead(cfg["hidden_size"], num_labels(cfg))
+        h = cfg["hidden_size"]
+        self.classifier = modules(dense=nn.Linear(h, h), out_proj=nn.Linear(h, num_labels(cfg)))
 
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         c = self.classifier
