@@ -5,7 +5,8 @@ transformers holding the very same random weights (bf16, SDPA), on a mixed-lengt
     python bench/gpu_models_check.py OUT.json --tiny --device cpu  # seconds, on any machine
 
 Shapes: Qwen3-Embedding-0.6B (hidden 1024, 28 layers, 16 q / 8 kv heads × 128, intermediate
-3072, vocab 151669), Qwen3-Reranker-0.6B (same decoder, tied LM head), bge-base (BERT-base),
+3072, vocab 151669), Qwen3-Reranker-0.6B (same decoder, tied LM head) and its
+``Qwen3ForSequenceClassification`` conversion (one-label ``score`` head), bge-base (BERT-base),
 XLM-R-base, DistilBERT-base (msmarco-distilbert), RoBERTa-large (all-roberta-large-v1),
 MPNet-base (all-mpnet-base-v2: relative position bias, the memory-efficient attention kernel on CUDA),
 ModernBERT-base (gte-modernbert-base: 22 layers, local ±64 / global). Weights are created directly on the device by transformers' random init and handed
@@ -14,11 +15,11 @@ to ``Engine.from_state_dict`` (no disk round trip). transformers runs one sequen
 gte-Qwen2-1.5B-instruct (Qwen2: q/k/v biases), e5-mistral-7b-instruct (Mistral-7B, 14 GB in bf16),
 EmbeddingGemma-300m (bidirectional Gemma3: sliding ±256 / global layers, mean pooling).
 
-Pass criteria: embeddings cosine ≥ 0.999 per sequence; reranker P(yes) within 0.02. Where the
-cosine falls short in bf16, both runs are compared with transformers in float32 (same weights):
-bouquet passes when, per sequence, it is as close to float32 as transformers' bf16 run (within
-5e-4) — the deep random-weight decoders' own bf16 noise exceeds 1e-3. Prints a
-table and writes JSON {"ok": bool, "results": [...]}; exit code 1 when a check fails.
+Pass criteria: embeddings cosine ≥ 0.999 per sequence; reranker P(yes) and the sequence
+classifier's sigmoid within 0.02. Where the cosine falls short in bf16, both runs are compared
+with transformers in float32 (same weights): bouquet passes when, per sequence, it is as close to
+float32 as transformers' bf16 run (within 5e-4) — the deep random-weight decoders' own bf16 noise
+exceeds 1e-3. Prints a table and writes JSON {"ok": bool, "results": [...]}; exit code 1 when a check fails.
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ def configs(tiny: bool) -> dict[str, tuple[str, dict]]:
     return {
         "qwen3-embedding": ("Qwen3Model", qwen),
         "qwen3-reranker": ("Qwen3ForCausalLM", qwen),
+        "qwen3-seq-cls": ("Qwen3ForSequenceClassification", dict(qwen, num_labels=1)),
         "bge-base": ("BertModel", bert),
         "xlm-r-base": ("XLMRobertaModel", xlmr),
         "gte-qwen2-1.5b": ("Qwen2Model", qwen2),
@@ -139,6 +141,9 @@ def reference(model: torch.nn.Module, name: str, seqs: list[torch.Tensor], pooli
         if name == "qwen3-reranker":
             last = out.logits[0, -1].float()
             rows.append(torch.softmax(torch.stack([last[yes_no[1]], last[yes_no[0]]]), 0)[1:])
+            continue
+        if name == "qwen3-seq-cls":  # one sequence, so transformers pools its last token
+            rows.append(torch.sigmoid(out.logits[0].float()))
             continue
         h = out.last_hidden_state[0].float()
         rows.append(h.mean(0) if pooling == "mean" else h[0] if pooling == "cls" else h[-1])
@@ -169,12 +174,12 @@ def check(name: str, cls_name: str, kwargs: dict, device: str, dtype: torch.dtyp
     got = engine.step(Batch.pack([s.numpy() for s in seqs])).wait()
     ref = reference(model, name, [s.to(device).long() for s in seqs], spec.pooling, yes_no)
     fp32: tuple[float, float] | None = None
-    if name == "qwen3-reranker":
+    if spec.task == "score":
         p = 1.0 / (1.0 + np.exp(-got))
         worst = float(np.abs(p - ref).max())
         spread = float(np.abs(ref[:-1] - ref[1:]).max())
         ok = worst <= PROB_ATOL
-        metric = "max |dP(yes)|"
+        metric = "max |dP(yes)|" if name == "qwen3-reranker" else "max |dP|"
     else:
         norm = np.linalg.norm
         cos = (got * ref).sum(1) / (norm(got, axis=1) * norm(ref, axis=1))

@@ -2,7 +2,9 @@
 
 Tiny random-weight models (tests/fixtures/tiny_models.py), float32 on the CPU. Tolerances:
 embeddings cosine ≥ 0.9999 vs transformers and ≥ 0.99999 batched vs one-at-a-time; scores
-(cross-encoder sigmoid(logit), Qwen3-Reranker P(yes)) within 1e-4. The batch mixes lengths 1
+(cross-encoder sigmoid(logit) per label, Qwen3-Reranker P(yes)) within 1e-4; the decoder
+cross-encoders (``*-cross`` of tiny_decoders.py) against transformers' ``*ForSequenceClassification``,
+which pools the last non-padding token. The batch mixes lengths 1
 and the model's maximum (XLM-R's maximum is where an off-by-one position crashes).
 """
 from __future__ import annotations
@@ -16,10 +18,12 @@ import torch
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.modelspec import ModelSpec, load_spec
+from tests.fixtures.tiny_decoders import DECODER_CROSS_KINDS
 from tests.fixtures.tiny_models import KINDS, make_tiny_model
 
 EMBED_KINDS = ("bert", "xlmr", "qwen3", "qwen3-bidir", "distilbert", "roberta", "mpnet", "modernbert", "qwen2", "mistral", "gemma3")
-SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross", "mpnet-cross", "modernbert-cross")
+SCORE_KINDS = ("bert-cross", "xlmr-cross", "qwen3-reranker", "distilbert-cross", "roberta-cross", "mpnet-cross",
+               "modernbert-cross") + DECODER_CROSS_KINDS
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,10 @@ def reference(kind: str, path: Path, spec: ModelSpec, seqs: list[np.ndarray], ty
            "roberta-cross": tf.RobertaForSequenceClassification, "mpnet": tf.MPNetModel,
            "mpnet-cross": tf.MPNetForSequenceClassification, "modernbert": tf.ModernBertModel,
            "modernbert-cross": tf.ModernBertForSequenceClassification, "qwen2": tf.Qwen2Model,
-           "mistral": tf.MistralModel, "gemma3": tf.Gemma3TextModel}[kind]
+           "mistral": tf.MistralModel, "gemma3": tf.Gemma3TextModel,
+           "qwen3-cross": tf.Qwen3ForSequenceClassification, "qwen2-cross": tf.Qwen2ForSequenceClassification,
+           "mistral-cross": tf.MistralForSequenceClassification,
+           "gemma3-cross": tf.Gemma3TextForSequenceClassification}[kind]
     impl = "eager" if kind.startswith("mpnet") else "sdpa"  # MPNet has only its eager attention in transformers
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation=impl).eval()
     kwargs: dict[str, object] = {}
@@ -131,7 +138,8 @@ def test_batched_equals_single(kind: str, skewed: bool, tiny_dirs: dict[str, Pat
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker", "mpnet", "modernbert-cross", "gemma3"])
+@pytest.mark.parametrize("kind", ["bert", "xlmr-cross", "qwen3", "qwen3-reranker", "mpnet", "modernbert-cross", "gemma3",
+                                  "qwen2-cross"])
 def test_low_precision_close_to_float32(kind: str, dtype: str, tiny_dirs: dict[str, Path]) -> None:
     """fp16/bf16 engines agree with the float32 engine: cosine ≥ 0.99, scores within 0.02."""
     spec = load_spec(str(tiny_dirs[kind]))

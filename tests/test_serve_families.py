@@ -2,7 +2,8 @@
 bidirectional Qwen3, DistilBERT, RoBERTa, MPNet, ModernBERT; BERT and causal Qwen3 have their own tests) and the other
 cross-encoder families through /v1/rerank: vectors over real HTTP equal the
 in-process engine's on the gateway's own token ids. The engine is checked against transformers in
-test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization)."""
+test_model_families.py; this test covers the rest of the path (gRPC, scheduling, finalization).
+One decoder cross-encoder (Qwen2ForSequenceClassification) answers /v1/rerank too."""
 from __future__ import annotations
 
 import numpy as np
@@ -88,6 +89,32 @@ def test_serve_decoder_family_over_http(kind, tmp_path):
         assert cosine_rows(got, ref).min() >= 0.9999 and cosine_rows(got_q, ref_q).min() >= 0.9999
         assert cosine_rows(got, got_q).max() < 0.999  # the prompt changes the vectors
         assert cosine_rows(got[:-1], got[1:]).max() < 0.999
+    finally:
+        srv.stop()
+
+
+def test_serve_decoder_cross_encoder_over_http(tmp_path):
+    """/v1/rerank on a decoder cross-encoder (Qwen2ForSequenceClassification, 2 labels): the pair
+    is the tokenizer's own template (no separator, no token types), pooled on the document's last
+    token, and the score is the softmax of the last label of the in-process engine's logits."""
+    import httpx
+
+    model_dir = make_tiny_model("qwen2-cross", tmp_path / "qwen2-cross")
+    spec = load_spec(str(model_dir))
+    tok = TextTokenizer(spec)
+    enc = tok.encode_pairs([(QUERY, d) for d in TEXTS])
+    alone = tok.encodings([QUERY, *TEXTS], add_special_tokens=False)
+    assert [list(ids) for ids in enc.ids] == [alone[0].ids + a.ids for a in alone[1:]]
+    with torch.inference_mode():
+        logits = Engine(spec, "cpu", "float32").step(Batch.pack(enc.ids, enc.type_ids)).wait()  # [3, 2]
+    ref = torch.softmax(torch.from_numpy(logits).double(), 1)[:, -1].numpy()
+    srv = BouquetProcess("--model", str(model_dir), "--log-level", "warning")
+    try:
+        r = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": TEXTS}, timeout=60)
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], ref, atol=1e-5)
+        assert ref.max() - ref.min() > 0.05  # the documents score differently
     finally:
         srv.stop()
 

@@ -18,9 +18,11 @@ A decoder family (RMSNorm, rotary, gated MLP) is not a new file: subclass ``Deco
 ``engine/models/decoder.py`` with the ``DecoderFacts`` in which it differs, and give its row
 ``decoder=True`` (causal unless config.json says bidirectional; see ``modelspec.is_causal``).
 A task model (``...ForSequenceClassification``) is a second row with ``score_head=True`` and
-``pooling="cls"``. A position embedding table that reserves rows before position 0 (RoBERTa's
-``padding_idx + 1``) is ``positions_after_padding=True``: the model reads the offset from
-``position_offset`` and the spec's sequence limit shrinks by it, both from this one row.
+``pooling="cls"`` (a decoder's: ``decoder=True``, ``pooling="last"``, its class a
+``decoder.DecoderForSequenceClassification`` subclass naming the base model). A position
+embedding table that reserves rows before position 0 (RoBERTa's ``padding_idx + 1``) is
+``positions_after_padding=True``: the model reads the offset from ``position_offset`` and the
+spec's sequence limit shrinks by it, both from this one row.
 """
 from __future__ import annotations
 
@@ -85,7 +87,8 @@ class Family:
         Pooling module): config.json's ``pooling_key`` value when the row has one, else the row's."""
         if self.pooling_key and cfg and cfg.get(self.pooling_key) in ("cls", "mean", "last"):
             return cfg[self.pooling_key]
-        return "mean" if self.decoder and not causal else self.pooling
+        # a score head reads the token its training pooled (the last), whatever the attention
+        return "mean" if self.decoder and not causal and not self.score_head else self.pooling
 
 
 FAMILIES: dict[str, Family] = {
@@ -118,6 +121,10 @@ FAMILIES: dict[str, Family] = {
     "MistralForCausalLM": Family("decoder", "MistralModel", decoder=True, pooling="last"),
     # EmbeddingGemma: bidirectional (use_bidirectional_attention), so mean pooling by default
     "Gemma3TextModel": Family("decoder", "Gemma3TextModel", decoder=True, pooling="last"),
+    # decoder cross-encoders: a bias-free ``score`` layer on the last token (bidirectional or not)
+    **{f"{name}ForSequenceClassification": Family("decoder", f"{name}ForSequenceClassification", score_head=True,
+                                                  decoder=True, pooling="last")
+       for name in ("Qwen3", "Qwen2", "Mistral", "Gemma3Text")},
     "ModernBertModel": Family("modernbert", "ModernBertModel"),
     "ModernBertForSequenceClassification": Family("modernbert", "ModernBertForSequenceClassification",
                                                   score_head=True, pooling="cls", pooling_key="classifier_pooling"),
