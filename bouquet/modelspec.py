@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bouquet.engine.families import architecture_of, family, hidden_size
+from bouquet.engine.families import num_labels as label_count  # the spec's field is num_labels
 from bouquet.st_modules import ModuleError, StModules, Step, read_modules
 
 Task = Literal["embed", "score"]
@@ -220,7 +221,7 @@ def spec_from_config(
         pair_template = str(bouquet_cfg.get("pair_template", row.reranker_template))
     num_labels = 0
     if row.score_head:
-        num_labels = len(cfg.get("id2label") or {"0": "LABEL_0"})
+        num_labels = label_count(cfg)
     if task == "score":
         dimension = 1 if yes_no else num_labels
     else:

@@ -142,3 +142,17 @@ def test_model_fuses_at_load(kind: str, tmp_path: Path) -> None:
         assert w.shape[0] == 3 * w.shape[1] and b.shape == (w.shape[0],)
     else:
         assert m.yes_no.shape[0] == 2 and m.model.layers[0].mlp.gate_up.shape[0] == 2 * m.model.layers[0].mlp.up_proj.weight.shape[0]
+
+
+def test_label_count_follows_transformers_defaults() -> None:
+    """transformers 5 writes no ``id2label`` for its default of 2 labels: such a config.json still
+    has 2 outputs (1 and 3 labels are written out)."""
+    import json
+
+    import transformers
+
+    from bouquet.engine.families import num_labels
+
+    for n in (1, 2, 3):
+        cfg = json.loads(transformers.BertConfig(num_labels=n).to_json_string(use_diff=True))
+        assert num_labels(cfg) == n, (n, cfg.get("id2label"))

@@ -140,6 +140,14 @@ def family(architecture: str) -> Family:
     return FAMILIES.get(architecture, UNKNOWN)
 
 
+def num_labels(cfg: dict[str, Any]) -> int:
+    """Outputs of a ``*ForSequenceClassification`` head: ``id2label``'s size, else ``num_labels``,
+    else transformers' default of 2 (transformers 5 writes neither into config.json for 2 labels)."""
+    if cfg.get("id2label"):
+        return len(cfg["id2label"])
+    return int(cfg.get("num_labels", 2))
+
+
 def architecture_of(cfg: dict[str, Any]) -> str:
     """config.json's first ``architectures`` entry ("" when absent)."""
     return (cfg.get("architectures") or [""])[0]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of, family
+from bouquet.engine.families import architecture_of, family, num_labels
 from bouquet.engine.layers import activation, fuse_linears
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.ops import add_layer_norm, linear_gelu
@@ -171,11 +171,6 @@ class BertModel(PackedModel):
             x = layer(x, self.attn, meta)
         return x
 
-
-
-def num_labels(cfg: dict[str, Any]) -> int:
-    """Classifier outputs: ``id2label``'s size, else ``num_labels``, else 1 (rerankers)."""
-    return len(cfg["id2label"]) if cfg.get("id2label") else int(cfg.get("num_labels", 1))
 
 
 class BertForSequenceClassification(PackedModel):
