@@ -98,6 +98,9 @@ class ModelSpec:
     # bge-m3's token heads (M3_HEAD_FILES beside the weights): /embed_sparse and /embed_all read
     # each token's lexical weight and ColBERT vector (engine/m3_heads.py)
     token_heads: bool = False
+    # sentence-transformers' Pooling ``include_prompt: false`` (INSTRUCTOR-style): the tokens of a
+    # prompt the gateway prepends (tokenization.TextTokenizer.prompt_skip) are left out of pooling
+    include_prompt: bool = True
 
     @property
     def tokenizer_path(self) -> Path:
@@ -185,12 +188,6 @@ def spec_from_config(
         st = read_modules(path, modules, hidden_size(cfg)) if path is not None else StModules()
     except ModuleError as e:
         raise ModelError(str(e)) from None
-    if not st.include_prompt and st.pooling != "last":
-        # Leaving the prompt out of pooling needs each sequence's prompt length in the replica
-        # protocol, which it does not carry yet: refuse rather than pool the prompt silently. The
-        # last token is never a prompt token, so last-token pooling is the same either way.
-        raise ModelError(f"{path}: 1_Pooling sets include_prompt=false with {st.pooling!r} pooling, which bouquet "
-                         "does not support yet (only last-token pooling, where the prompt never counts)")
     bouquet_cfg = cfg.get("bouquet", {})  # optional overrides written by a deployer
     causal = is_causal(cfg)
     lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
@@ -260,6 +257,7 @@ def spec_from_config(
         head_steps=st.steps,
         sparse=sparse,
         token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
+        include_prompt=st.include_prompt,
     )
 
 

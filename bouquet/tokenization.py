@@ -92,6 +92,7 @@ class TextTokenizer:
             self._trunc[side + "_pair"] = tp
         self.vocab_size = spec.vocab_size
         self._windowers: dict[int, Tokenizer] = {}  # by overlap; built on first long input
+        self._prompt_lengths: dict[str, int] = {}
 
     def _finish(self, ids: list[int]) -> np.ndarray:
         if self.eos is not None and (not ids or ids[-1] != self.eos):
@@ -147,6 +148,22 @@ class TextTokenizer:
                 arr = arr[: self.spec.max_seq_length] if side == "right" else arr[-self.spec.max_seq_length:]
             out.append(arr)
         return Encoded(out, None, int(sum(len(x) for x in out)))
+
+    def prompt_skip(self, prompt: str | None) -> int:
+        """The leading tokens of ``prompt + text`` that pooling leaves out: 0 unless the model's
+        Pooling sets ``include_prompt: false``; then the tokens of ``prompt`` encoded alone with
+        the special tokens, less a trailing special token, as sentence-transformers 6.2 counts
+        them (``Transformer._get_prompt_length``: the start token counts, the end token does not)."""
+        if not prompt or self.spec.include_prompt:
+            return 0
+        n = self._prompt_lengths.get(prompt)
+        if n is None:
+            ids = self._trunc["right"].encode(prompt).ids
+            special = self._plain.get_added_tokens_decoder()
+            n = len(ids) - (1 if ids and ids[-1] in special and special[ids[-1]].special else 0)
+            if len(self._prompt_lengths) < 1024:  # bounded: clients may send prompts of their own
+                self._prompt_lengths[prompt] = n
+        return n
 
     # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------
     def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Any]:

@@ -42,3 +42,25 @@ def test_concurrent_small_requests_get_their_own_rows(minilm_server: BouquetProc
         cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
         assert cos.min() > 0.9999, body
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)
+
+
+def test_calls_leaving_out_different_prompts_are_not_merged() -> None:
+    """``pool_skip`` (the prompt tokens a replica leaves out of pooling) is one count per call, so
+    requests with different counts go in calls of their own; equal counts still merge."""
+    from bouquet.gateway.coalesce import Coalescer
+
+    calls: list[tuple[int, int]] = []  # (sequences, pool_skip) per call
+
+    async def run(seqs: list[np.ndarray], normalize: bool | None, dims: int | None, priority: int,
+                  pool_skip: int) -> np.ndarray:
+        calls.append((len(seqs), pool_skip))
+        return np.full((len(seqs), 2), pool_skip, dtype=np.float32)
+
+    async def main() -> list[np.ndarray]:
+        c = Coalescer(run, max_tokens=1000)
+        seq = [np.arange(4, dtype=np.int32)]
+        return await asyncio.gather(*(c.submit(seq, 4, None, None, 1, k) for k in (0, 5, 5, 0, 7)))
+
+    rows = asyncio.run(main())
+    assert sorted(calls) == [(1, 7), (2, 0), (2, 5)]
+    assert [int(r[0, 0]) for r in rows] == [0, 5, 5, 0, 7]  # each request got the rows of its own call

@@ -135,3 +135,16 @@ def test_server_and_offline_job_pack_alike():
         job.append(p.take()[0].cu_seqlens.tolist())
     assert server == job and len(server) > 10
     assert [0, 90] in server and s.pending_tokens == p.pending_tokens == 0
+
+
+def test_prompt_left_out_of_pooling_travels_per_sequence():
+    """Requests with different prompts share a batch; ``Batch.pool_skip`` holds each sequence's
+    own count (None when no sequence leaves tokens out)."""
+    s = Scheduler(max_batch_tokens=100)
+    s.add(Request([seq(6), seq(7)], pool_skip=3))
+    s.add(Request([seq(5)]))
+    sb = s.next_batch()
+    assert sb is not None and sb.batch.pool_skip is not None
+    assert sb.batch.pool_skip.tolist() == [3, 3, 0]
+    s.add(Request([seq(4)]))
+    assert s.next_batch().batch.pool_skip is None

@@ -36,7 +36,8 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_st_model(base: Path, out: Path, pooling: str | tuple[str, ...], dense: list[dict] | None = None,
-                   normalize: bool = True, seed: int = 7, prompts: dict[str, str] | None = None) -> Path:
+                   normalize: bool = True, seed: int = 7, prompts: dict[str, str] | None = None,
+                   include_prompt: bool = True) -> Path:
     """Save ``base`` + Pooling(pooling) + Dense layers + Normalize with sentence-transformers.
 
     ``dense``: per layer ``Dense`` keyword arguments (``in_features``, ``out_features``, ``bias``,
@@ -47,7 +48,8 @@ def write_st_model(base: Path, out: Path, pooling: str | tuple[str, ...], dense:
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     torch.manual_seed(seed)
-    mods: list[torch.nn.Module] = [Transformer(str(base), max_seq_length=64), Pooling(64, pooling_mode=pooling)]
+    mods: list[torch.nn.Module] = [Transformer(str(base), max_seq_length=64),
+                                   Pooling(64, pooling_mode=pooling, include_prompt=include_prompt)]
     for kw in dense or []:
         if kw == "normalize":
             mods.append(Normalize())
@@ -67,13 +69,17 @@ def st_vectors(model_dir: Path, texts: list[str]) -> np.ndarray:
     return SentenceTransformer(str(model_dir), device="cpu").encode(texts, convert_to_numpy=True, batch_size=len(texts))
 
 
-def bouquet_vectors(model_dir: Path, texts: list[str]) -> np.ndarray:
+def bouquet_vectors(model_dir: Path, texts: list[str], prompt: str = "") -> np.ndarray:
+    """The engine's vectors for ``prompt + text`` (the prompt's tokens left out of pooling when the
+    model says include_prompt=false, as the gateway asks), checked batched == one at a time."""
     spec = load_spec(str(model_dir))
-    ids = TextTokenizer(spec).encode(texts).ids
+    tok = TextTokenizer(spec)
+    ids = tok.encode([prompt + t for t in texts]).ids
     engine = Engine(spec, "cpu", "float32")
     with torch.inference_mode():
-        rows = engine.step(Batch.pack(ids)).wait()
-        single = np.concatenate([engine.step(Batch.pack([s])).wait() for s in ids])
+        skip = tok.prompt_skip(prompt)
+        rows = engine.step(Batch.pack(ids, pool_skip=[skip] * len(ids))).wait()
+        single = np.concatenate([engine.step(Batch.pack([s], pool_skip=[skip])).wait() for s in ids])
     assert cosine_rows(rows, single).min() >= 0.99999  # batched == one at a time
     return finalize(rows, spec.normalize, None)
 
@@ -153,6 +159,30 @@ def test_served_over_http_equals_sentence_transformers(tiny_bert, tmp_path):
         srv.stop()
 
 
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_include_prompt_false_served_over_http(tiny_bert, tmp_path, mode):
+    """``bouquet serve`` of a Pooling(include_prompt=False) model: with ``prompt_name`` the gateway
+    counts the prompt's tokens and the replica leaves them out of pooling, as sentence-transformers'
+    ``encode(..., prompt_name=...)``; without a prompt every token is pooled. Chunk modes, where only
+    the first window would carry the prompt, are refused with a 400 naming ``long_input``."""
+    from sentence_transformers import SentenceTransformer
+
+    d = write_st_model(tiny_bert, tmp_path / "m", mode, [TANH], prompts={"query": PROMPT}, include_prompt=False)
+    st = SentenceTransformer(str(d), device="cpu")
+    ref_query = st.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS))
+    ref_plain = st.encode(TEXTS, batch_size=len(TEXTS))
+    srv = BouquetProcess("--model", str(d), "--log-level", "warning")
+    try:
+        assert cosine_rows(srv.vectors(TEXTS, prompt_name="query"), ref_query).min() >= 0.9999
+        assert cosine_rows(srv.vectors(TEXTS[:1], prompt_name="query"), ref_query[:1]).min() >= 0.9999  # coalesced
+        assert cosine_rows(srv.vectors(TEXTS), ref_plain).min() >= 0.9999
+        r = srv.embed(TEXTS[:1], prompt_name="query", long_input="chunk_mean")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "long_input", r.text
+        assert srv.embed(TEXTS[:1], long_input="chunk_mean").status_code == 200  # no prompt: nothing to leave out
+    finally:
+        srv.stop()
+
+
 def _with_module(d: Path, entry: dict) -> None:
     mods = json.loads((d / "modules.json").read_text())
     (d / "modules.json").write_text(json.dumps([*mods, {"idx": len(mods), "name": str(len(mods)), **entry}]))
@@ -180,7 +210,27 @@ def test_include_prompt_false_with_last_token_pooling(tiny_bert, tmp_path):
     assert cosine_rows(bouquet_vectors(d, [prompt + t for t in TEXTS]), ref).min() >= 0.9999
 
 
-@pytest.mark.parametrize("case", ["custom", "activation", "pickle", "include_prompt"])
+# A prompt long enough to matter, and one that ends in a word piece the text may join on.
+PROMPT = "Represent the scientific sentence for retrieval: "
+
+
+@pytest.mark.parametrize("mode", ["mean", "max", "cls", "weightedmean", "mean_sqrt_len_tokens", ("mean", "max")],
+                         ids=lambda m: "+".join(m) if isinstance(m, tuple) else m)
+def test_include_prompt_false_leaves_the_prompt_out(tiny_bert, tmp_path, mode):
+    """INSTRUCTOR-style Pooling(include_prompt=False): the prompt's tokens ([CLS] included, as
+    sentence-transformers counts them) are left out of pooling; CLS then reads the first text token,
+    weightedmean keeps each token's position in the whole sequence."""
+    from sentence_transformers import SentenceTransformer
+
+    in_dim = 64 * (len(mode) if isinstance(mode, tuple) else 1)
+    d = write_st_model(tiny_bert, tmp_path / "m", mode, [{**TANH, "in_features": in_dim}], include_prompt=False)
+    ref = SentenceTransformer(str(d), device="cpu").encode(TEXTS, prompt=PROMPT, batch_size=len(TEXTS))
+    got = bouquet_vectors(d, TEXTS, PROMPT)
+    assert cosine_rows(got, ref).min() >= 0.9999
+    assert cosine_rows(bouquet_vectors(d, TEXTS), st_vectors(d, TEXTS)).min() >= 0.9999  # no prompt: all pooled
+
+
+@pytest.mark.parametrize("case", ["custom", "activation", "pickle"])
 def test_unsupported_settings_are_named(tiny_bert, tmp_path, case):
     d = write_st_model(tiny_bert, tmp_path / "m", "mean", [TANH])
     dense_cfg = d / "2_Dense" / "config.json"
@@ -196,10 +246,6 @@ def test_unsupported_settings_are_named(tiny_bert, tmp_path, case):
         torch.save(state, d / "2_Dense" / "pytorch_model.bin")
         (d / "2_Dense" / "model.safetensors").unlink()
         match = "pytorch_model.bin is a pickle"
-    else:
-        pool_cfg = d / "1_Pooling" / "config.json"
-        pool_cfg.write_text(json.dumps({**json.loads(pool_cfg.read_text()), "include_prompt": False}))
-        match = "include_prompt"
     with pytest.raises(ModelError, match=match):
         load_spec(str(d))
     shutil.rmtree(d)

@@ -20,6 +20,8 @@ class Batch:
     token_type_ids [T]   int32  segment ids (BERT pairs), or None when the model has none
     cu_seqlens     [B+1] int32  cu_seqlens[i] = first token of sequence i; cu_seqlens[B] = T
     max_seqlen     int          longest sequence, tokens
+    pool_skip      [B]   int32  leading tokens of each sequence left out of pooling (a prompt that
+                                sentence-transformers' ``include_prompt: false`` excludes), or None
     """
 
     input_ids: np.ndarray
@@ -27,6 +29,7 @@ class Batch:
     token_type_ids: np.ndarray | None
     cu_seqlens: np.ndarray
     max_seqlen: int
+    pool_skip: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -38,9 +41,11 @@ class Batch:
 
     @staticmethod
     def pack(
-        seqs: Sequence[np.ndarray], type_ids: Sequence[np.ndarray | None] | None = None
+        seqs: Sequence[np.ndarray], type_ids: Sequence[np.ndarray | None] | None = None,
+        pool_skip: Sequence[int] | None = None,
     ) -> "Batch":
-        """Concatenate int32 token arrays (each length ≥ 1) into a Batch.
+        """Concatenate int32 token arrays (each length ≥ 1) into a Batch; ``pool_skip`` (one int
+        per sequence, or None when all are 0) becomes ``Batch.pool_skip``.
 
         Raises ValueError on an empty list or an empty sequence.
         """
@@ -59,4 +64,7 @@ class Batch:
             tt = np.concatenate(
                 [t if t is not None else np.zeros(len(s), np.int32) for s, t in zip(seqs, type_ids)]
             ).astype(np.int32, copy=False)
-        return Batch(ids, pos, tt, cu, int(lengths.max()))
+        skip = None
+        if pool_skip is not None and any(pool_skip):
+            skip = np.asarray(pool_skip, dtype=np.int32)
+        return Batch(ids, pos, tt, cu, int(lengths.max()), skip)

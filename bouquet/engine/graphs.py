@@ -9,7 +9,8 @@ copy from pinned memory. For a bucket of ``T`` tokens and ``S`` slots::
     [0, T)        input_ids       padding rows: 0
     [T, 2T)       position_ids    padding rows: 0
     [2T, 3T)      token_type_ids  padding rows: 0
-    [3T, 4T)      segment id      sequence index of each token; padding rows: S (a discarded row)
+    [3T, 4T)      segment id      sequence index of each token; padding rows, and the first
+                                  ``Batch.pool_skip[b]`` tokens of sequence b: S (a discarded row)
     [4T, 4T+S+1)  cu_seqlens      the tail repeats the last offset: padding slots are empty
 
 The graph for a bucket reads views of the first ``4T+S+1`` elements of the static buffer, so a
@@ -57,11 +58,23 @@ def pack_inputs(batch: Batch, tokens: int, seqs: int, pin: bool = True) -> torch
     h[T:T + t] = batch.position_ids
     if batch.token_type_ids is not None:
         h[2 * T:2 * T + t] = batch.token_type_ids
-    h[3 * T:3 * T + t] = np.repeat(np.arange(b, dtype=np.int32), np.diff(batch.cu_seqlens))
+    seg = h[3 * T:3 * T + t]
+    seg[:] = np.repeat(np.arange(b, dtype=np.int32), np.diff(batch.cu_seqlens))
+    if batch.pool_skip is not None:
+        # Prompt tokens that pooling leaves out join the padding's discarded segment: pooling
+        # then needs no extra input, and a graph's buffers keep their layout.
+        seg[skipped_tokens(batch)] = seqs
     h[3 * T + t:4 * T] = seqs
     h[4 * T:4 * T + b + 1] = batch.cu_seqlens
     h[4 * T + b + 1:] = t
     return host
+
+
+def skipped_tokens(batch: Batch) -> np.ndarray:
+    """bool [T]: the tokens of ``batch`` that ``Batch.pool_skip`` leaves out of pooling."""
+    assert batch.pool_skip is not None
+    lengths = np.diff(batch.cu_seqlens)
+    return batch.position_ids < np.repeat(batch.pool_skip, lengths)
 
 
 def input_views(buf: torch.Tensor, tokens: int, seqs: int) -> tuple[torch.Tensor, ...]:

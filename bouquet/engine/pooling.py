@@ -7,7 +7,9 @@ sum / length, mean_sqrt_len = sum / sqrt(length), max = per-sequence elementwise
 weightedmean = sum of ``(position + 1) * row`` / sum of ``(position + 1)``; SPLADE (on masked-LM
 logits [T, vocab], sentence-transformers' ``SpladePooling``) = max (or sum) over the sequence of
 log(1 + relu(logits)), every token of the sequence included (special tokens too, as there and in
-the SPLADE papers' code). One implementation per
+the SPLADE papers' code). Tokens of a prompt that the model's ``include_prompt: false`` leaves out
+(``Batch.pool_skip``) carry the discarded segment id, so every mode but last-token skips them. One
+implementation per
 mode, the graph-safe one, picked once per engine by ``pooler(mode)``; several modes joined by "+"
 are concatenated in that order, as sentence-transformers concatenates them. Finalization
 (``finalize``) follows the Matryoshka recipe of Kusupati et al. 2022 / sentence-transformers'
@@ -38,10 +40,19 @@ PoolFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tenso
 
 
 def pool_cls(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Row ``cu[:-1]`` (the first token) of each sequence."""
+    """The first pooled token of each sequence: row ``cu[:-1]``, or the first token after a prompt
+    left out of pooling (its tokens carry the discarded segment id), as sentence-transformers picks
+    the first token its attention mask keeps; a sequence that is all prompt falls back to ``cu[:-1]``."""
     import torch
 
-    return hidden[cu_seqlens[:-1].to(torch.int64).clamp(max=hidden.shape[0] - 1)].float()
+    t = hidden.shape[0]
+    cu = cu_seqlens.to(torch.int64)
+    n = cu.shape[0] - 1
+    # the smallest token index of each segment (t where a segment has no token)
+    first = torch.full((n + 1,), t, device=hidden.device, dtype=torch.int64)
+    first.scatter_reduce_(0, seg_ids.to(torch.int64), torch.arange(t, device=hidden.device), reduce="amin")
+    first = torch.where(first[:n] < cu[1:], first[:n], cu[:-1])
+    return hidden[first.clamp(max=t - 1)].float()
 
 
 def pool_last(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -53,14 +64,17 @@ def pool_last(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Ten
 
 def _segment_sums(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence float32 sums of rows [B, D] (summed into row ``seg_ids[t]``) and lengths
-    [B, 1] float32 (at least 1)."""
+    [B, 1] float32 (at least 1): the tokens of each segment, so a prompt left out of pooling (in
+    the discarded segment) counts in neither."""
     import torch
 
-    cu = cu_seqlens.to(torch.int64)
-    n = cu.shape[0] - 1
-    lengths = (cu[1:] - cu[:-1]).clamp(min=1).unsqueeze(1).to(torch.float32)
+    n = cu_seqlens.shape[0] - 1
+    seg = seg_ids.to(torch.int64)
+    counts = torch.zeros(n + 1, device=hidden.device, dtype=torch.float32)
+    counts.index_add_(0, seg, torch.ones(seg.shape[0], device=hidden.device, dtype=torch.float32))
+    lengths = counts[:n].clamp(min=1).unsqueeze(1)
     sums = torch.zeros(n + 1, hidden.shape[1], device=hidden.device, dtype=torch.float32)
-    sums.index_add_(0, seg_ids.to(torch.int64), hidden.float())
+    sums.index_add_(0, seg, hidden.float())
     return sums[:n], lengths
 
 
@@ -94,7 +108,8 @@ def pool_weightedmean(hidden: torch.Tensor, seg_ids: torch.Tensor, cu_seqlens: t
     cu = cu_seqlens.to(torch.int64)
     seg = seg_ids.to(torch.int64)
     n = cu.shape[0] - 1
-    # position of token t = t - first token of its sequence; padding tokens (segment n) land in
+    # position of token t = t - first token of its sequence (a prompt left out of pooling still
+    # counts in it, as in sentence-transformers); padding and prompt tokens (segment n) land in
     # the dropped row whatever their weight
     pos = torch.arange(hidden.shape[0], device=hidden.device) - cu[seg]
     w = (pos + 1).to(torch.float32).unsqueeze(1)  # [T, 1]

@@ -80,8 +80,12 @@ class GrpcChannel:
         return True  # gRPC reconnects by itself; failures show up as UNAVAILABLE
 
     async def embed(self, call: Packed, normalize: bool | None, dimensions: int | None, priority: int,
-                    timeout_s: float) -> np.ndarray:
-        """Rows float32 [B, D]. Raises ReplicaUnavailable, ReplicaQueueFull or APIError."""
+                    timeout_s: float, pool_skip: int = 0) -> np.ndarray:
+        """Rows float32 [B, D]. Raises ReplicaUnavailable, ReplicaQueueFull or APIError (400 for a
+        prompt left out of pooling, ``pool_skip`` > 0, which bouquet.proto does not carry yet)."""
+        if pool_skip:
+            raise APIError(400, "this model leaves the prompt out of pooling (include_prompt=false), which replicas "
+                                f"on this host serve, not over gRPC ({self.address}); send the request without a prompt")
         req = pb.EmbedRequest(input_ids=call.input_ids, lengths=call.lengths, token_type_ids=call.token_type_ids,
                               priority=priority, dimensions=dimensions or 0)  # type: ignore[arg-type]
         if normalize is not None:
@@ -158,17 +162,19 @@ class IpcChannel(asyncio.Protocol):
 
     # ---- calls ---------------------------------------------------------------------------
     async def embed(self, call: Packed, normalize: bool | None, dimensions: int | None, priority: int,
-                    timeout_s: float, per_token: bool = False) -> np.ndarray:
+                    timeout_s: float, per_token: bool = False, pool_skip: int = 0) -> np.ndarray:
         """Rows float32 [B, D] ([T, D'] with ``per_token``). Raises ReplicaUnavailable,
         ReplicaQueueFull or APIError (400/422 for input the replica refuses, 504 past
-        ``timeout_s``). Cancelling the caller cancels the call on the replica (its queued
+        ``timeout_s``). ``pool_skip``: leading tokens of every sequence left out of pooling.
+        Cancelling the caller cancels the call on the replica (its queued
         sequences are dropped)."""
         transport = self._transport
         if transport is None:
             raise ReplicaUnavailable(f"no connection to {self.address}")
         cid = next(self._ids)
         transport.write(ipc.frame(
-            ipc.EmbedCall(cid, call.num_seqs, bool(call.token_type_ids), priority, normalize, dimensions or 0, per_token),
+            ipc.EmbedCall(cid, call.num_seqs, bool(call.token_type_ids), priority, normalize, dimensions or 0, per_token,
+                          pool_skip),
             call.lengths, call.input_ids, call.token_type_ids))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[np.ndarray] = loop.create_future()

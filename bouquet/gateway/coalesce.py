@@ -7,7 +7,8 @@ threads run, and they are off in multi-worker gateways.)
 A gRPC call from Python costs about as much CPU as the rest of a small request's path (HTTP
 parsing, validation, tokenization, the reply) on both sides of the hop. Under concurrent load many
 small requests become ready in the same event-loop iteration; this module gathers them, per
-(normalize, dimensions, priority), into one call, flushed at the end of the iteration they arrived
+(normalize, dimensions, priority, pool_skip: the prompt tokens left out of pooling, one count per
+call), into one call, flushed at the end of the iteration they arrived
 in (``loop.call_soon``): no timer, so a lone request waits for nothing. Rows come back in order and
 are handed out by sequence count.
 
@@ -29,9 +30,9 @@ import numpy as np
 
 from bouquet.gateway.errors import APIError
 
-# (sequences, normalize, dimensions, priority) → float32 [B, D]
-RunFn = Callable[[list[np.ndarray], "bool | None", "int | None", int], Awaitable[np.ndarray]]
-Key = tuple["bool | None", "int | None", int]
+# (sequences, normalize, dimensions, priority, pool_skip) → float32 [B, D]
+RunFn = Callable[[list[np.ndarray], "bool | None", "int | None", int, int], Awaitable[np.ndarray]]
+Key = tuple["bool | None", "int | None", int, int]
 
 
 @dataclass
@@ -53,9 +54,9 @@ class Coalescer:
         self.calls = 0  # combined calls sent (tests, benchmarks)
 
     async def submit(self, seqs: list[np.ndarray], tokens: int, normalize: bool | None, dimensions: int | None,
-                     priority: int) -> np.ndarray:
+                     priority: int, pool_skip: int = 0) -> np.ndarray:
         """Rows float32 [len(seqs), D] for ``seqs`` (``tokens`` in all). Raises APIError as ``run``."""
-        key = (normalize, dimensions, priority)
+        key = (normalize, dimensions, priority, pool_skip)
         loop = asyncio.get_running_loop()
         group = self._open.get(key)
         if group is None or group.tokens + tokens > self.max_tokens:
@@ -82,9 +83,8 @@ class Coalescer:
             group.task = asyncio.ensure_future(self._call(key, group))
 
     async def _call(self, key: Key, group: _Group) -> None:
-        normalize, dimensions, priority = key
         try:
-            rows = await self.run(group.seqs, normalize, dimensions, priority)
+            rows = await self.run(group.seqs, *key)
         except APIError as e:
             if len(group.futures) > 1 and e.status in (400, 422):
                 await self._one_by_one(key, group)
@@ -105,14 +105,13 @@ class Coalescer:
             start += n
 
     async def _one_by_one(self, key: Key, group: _Group) -> None:
-        normalize, dimensions, priority = key
         start = 0
         for n, f in zip(group.counts, group.futures):
             seqs, start = group.seqs[start:start + n], start + n
             if f.done():
                 continue
             try:
-                rows = await self.run(seqs, normalize, dimensions, priority)
+                rows = await self.run(seqs, *key)
             except APIError as e:
                 if not f.done():
                     f.set_exception(e)

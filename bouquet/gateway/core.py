@@ -66,8 +66,9 @@ class Gateway:
             self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
 
     async def infer(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None = None, normalize: bool | None = None,
-                    dimensions: int | None = None, priority: int = pb.PRIORITY_AUTO) -> np.ndarray:
+                    dimensions: int | None = None, priority: int = pb.PRIORITY_AUTO, pool_skip: int = 0) -> np.ndarray:
         """ReplicaPool.infer, timed into the inference histogram. Returns float32 [B, D].
+        ``pool_skip``: leading tokens of every sequence left out of pooling (``TextTokenizer.prompt_skip``).
 
         Identical sequences (same ids and token types) run once and share their row: equal inputs
         get bit-identical outputs wherever they sit in the request (rerank ties keep input order),
@@ -76,9 +77,9 @@ class Gateway:
         try:
             unique, where = _dedupe(seqs, type_ids)
             if unique is None:
-                return await self.pool.infer(seqs, type_ids, normalize, dimensions, priority)
+                return await self.pool.infer(seqs, type_ids, normalize, dimensions, priority, pool_skip)
             u_types = None if type_ids is None else [type_ids[i] for i in unique]
-            rows = await self.pool.infer([seqs[i] for i in unique], u_types, normalize, dimensions, priority)
+            rows = await self.pool.infer([seqs[i] for i in unique], u_types, normalize, dimensions, priority, pool_skip)
             return rows[where]
         finally:
             self.metrics.inference_seconds.observe(time.perf_counter() - t0)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from bouquet.gateway.core import Gateway
+from bouquet.gateway.errors import bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.gateway.long_inputs import embed_long
 from bouquet.proto import bouquet_pb2 as pb
@@ -31,9 +32,16 @@ async def embed(gw: Gateway, inputs: TextInputs, mode: str, side: str, prompt: s
     the truncation side, ``param`` the request field holding the inputs (named in errors as
     ``param[i]``). Raises APIError (400 for inputs that cannot be embedded, 429/503/504 from the
     replicas)."""
+    skip = gw.tokenizer.prompt_skip(prompt)
     if mode in ("chunk_mean", "chunks"):
+        if skip:
+            # Only the first window carries the prompt; pooling that leaves it out would need a
+            # count per window, which one call does not carry: refused rather than approximated.
+            raise bad_request(f"long_input {mode!r} is not supported with a prompt for this model, whose pooling "
+                              "leaves the prompt out (include_prompt=false); use 'truncate' or 'error', or send no "
+                              "prompt", "long_input", "invalid_value")
         vectors, tokens, chunks = await embed_long(gw, inputs, prompt, normalize, dims, priority, param)
         return EmbedResult(vectors, tokens, chunks if mode == "chunks" else None)
     enc = await gw.tokenize(inputs, mode == "truncate", side, prompt, param)
-    vectors = await gw.infer(enc.ids, None, normalize, dims, priority)
+    vectors = await gw.infer(enc.ids, None, normalize, dims, priority, skip)
     return EmbedResult(vectors, enc.num_tokens)

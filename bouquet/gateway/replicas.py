@@ -101,7 +101,8 @@ class ReplicaPool:
     _coalescer: Coalescer = field(init=False)
 
     def __post_init__(self) -> None:
-        self._coalescer = Coalescer(lambda seqs, n, d, p: self._run_chunk(seqs, None, n, d, p), self.chunk_tokens)
+        self._coalescer = Coalescer(lambda seqs, n, d, p, k: self._run_chunk(seqs, None, n, d, p, pool_skip=k),
+                                    self.chunk_tokens)
 
     async def start(self) -> None:
         paths = self.ipc_paths or [""] * len(self.addresses)
@@ -173,8 +174,10 @@ class ReplicaPool:
         normalize: bool | None = None,
         dimensions: int | None = None,
         priority: int = pb.PRIORITY_AUTO,
+        pool_skip: int = 0,
     ) -> np.ndarray:
         """Run sequences (int32 arrays) on the replicas → float32 [B, D] in input order.
+        ``pool_skip``: leading tokens of every sequence (their shared prompt) left out of pooling.
 
         Raises APIError: 400/422 for input the server refuses, 429 when queues are full,
         503 when no replica can serve, 504 on timeout.
@@ -183,10 +186,11 @@ class ReplicaPool:
         total = sum(lengths)
         priority = self.resolve_priority(priority, total)
         if type_ids is None and total <= min(self.coalesce_max_tokens, self.chunk_tokens):
-            return await self._coalescer.submit(seqs, total, normalize, dimensions, priority)
+            return await self._coalescer.submit(seqs, total, normalize, dimensions, priority, pool_skip)
         parts = chunk_bounds(lengths, self.chunk_tokens)
         results = await gather_or_cancel([
-            self._run_chunk(seqs[a:b], type_ids[a:b] if type_ids is not None else None, normalize, dimensions, priority)
+            self._run_chunk(seqs[a:b], type_ids[a:b] if type_ids is not None else None, normalize, dimensions, priority,
+                            pool_skip=pool_skip)
             for a, b in parts
         ])
         return results[0] if len(results) == 1 else np.concatenate(results, axis=0)
@@ -203,7 +207,7 @@ class ReplicaPool:
 
     async def _run_chunk(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None,
                          normalize: bool | None, dimensions: int | None, priority: int,
-                         per_token: bool = False) -> np.ndarray:
+                         per_token: bool = False, pool_skip: int = 0) -> np.ndarray:
         call = Packed.pack(seqs, type_ids)
         tokens = call.num_tokens
         tried: set[str] = set()
@@ -224,7 +228,7 @@ class ReplicaPool:
                 if per_token:
                     rows = await r.calls.embed_tokens(call, priority, left)
                 else:
-                    rows = await r.calls.embed(call, normalize, dimensions, priority, left)
+                    rows = await r.calls.embed(call, normalize, dimensions, priority, left, pool_skip=pool_skip)
             except ReplicaUnavailable as e:
                 self._lost(r, str(e))
                 log.warning("replica %s failed (%s); retrying elsewhere", r.address, e)

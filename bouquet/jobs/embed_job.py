@@ -269,7 +269,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     total = estimate_rows(files) if cfg.progress else None
     bar = _progress(total, sum(manifest.done.values()), cfg.progress)
     assembler = _ShardAssembler(cfg.shard_rows, writer_thread)
-    packer = Packer(budget, cfg.max_batch_seqs)
+    packer = Packer(budget, cfg.max_batch_seqs, tokenizer.prompt_skip(prompt))
     open_groups: list[Group] = []
     t0 = time.perf_counter()
     rows = tokens = 0

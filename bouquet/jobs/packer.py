@@ -60,9 +60,10 @@ class Packer:
     a batch of its own (never dropped).
     """
 
-    def __init__(self, max_tokens: int, max_seqs: int) -> None:
+    def __init__(self, max_tokens: int, max_seqs: int, pool_skip: int = 0) -> None:
         self._queue: PackQueue[Group] = PackQueue(max_tokens, max_seqs)
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        self.pool_skip = pool_skip  # leading tokens of every sequence left out of pooling (the job's prompt)
 
     @property
     def pending_tokens(self) -> int:
@@ -79,7 +80,8 @@ class Packer:
         segs = self._queue.take()
         if not segs:
             raise IndexError("no pending sequences")
-        return Batch.pack([seq for s in segs for seq in s.run.seqs[s.lo:s.hi]]), segs
+        seqs = [seq for s in segs for seq in s.run.seqs[s.lo:s.hi]]
+        return Batch.pack(seqs, None, [self.pool_skip] * len(seqs) if self.pool_skip else None), segs
 
 
 def scatter(rows: np.ndarray, segs: list[Segment]) -> None:

@@ -78,7 +78,7 @@ class EmbedActor:
         if self.prompt:
             texts = [self.prompt + t for t in texts]
         group = Group(self.tokenizer.encode(texts, truncate=True).ids, None, self.spec.dimension)
-        packer = Packer(self.budget, self.cfg.max_batch_seqs)
+        packer = Packer(self.budget, self.cfg.max_batch_seqs, self.tokenizer.prompt_skip(self.prompt))
         packer.add(group)
         depth = pipeline_depth(self.engine.device.type)
         for _ in run_pipelined(self.engine, drain(packer), lambda r: finalize(r, self.spec.normalize, None), depth):

@@ -48,6 +48,7 @@ class EmbedCall(msgspec.Struct, tag="embed", array_like=True, frozen=True):
     normalize: bool | None = None  # None: the model's default
     dimensions: int = 0  # 0: the model's full size (Matryoshka truncation otherwise)
     per_token: bool = False  # one row per token (the model's token outputs: bge-m3 heads, hidden states)
+    pool_skip: int = 0  # leading tokens of every sequence left out of pooling (a prompt; include_prompt=false)
 
 
 class CancelCall(msgspec.Struct, tag="cancel", array_like=True, frozen=True):

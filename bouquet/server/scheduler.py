@@ -54,6 +54,7 @@ class Request:
     cancelled: bool = False
     error: str | None = None
     per_token: bool = False  # rows[i] is [len_i, D'] (token outputs) instead of one [D] row
+    pool_skip: int = 0  # leading tokens of every sequence left out of pooling (its prompt)
     cum: list[int] = field(default_factory=lambda: [0])  # [n+1] cumulative tokens, once queued
     next: int = 0  # first sequence not yet handed to the engine
 
@@ -151,7 +152,8 @@ class Scheduler:
         self.stats.batches += 1
         self.stats.sequences += len(owners)
         self.stats.tokens += sum(s.tokens for s in slices)
-        return ScheduledBatch(Batch.pack(seqs, tts), owners, per_token=key[1])
+        skip = [r.pool_skip for r, _ in owners]
+        return ScheduledBatch(Batch.pack(seqs, tts, skip), owners, per_token=key[1])
 
     def complete(self, sb: ScheduledBatch, rows: np.ndarray | None, error: str | None = None) -> list[Request]:
         """Route rows [B, D] of a finished batch to their requests (or fail them with ``error``).

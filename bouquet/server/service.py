@@ -161,11 +161,15 @@ class InferenceService:
         return dimensions
 
     def submit(self, seqs: list[np.ndarray], tts: list[np.ndarray | None] | None, priority: int,
-               on_done: Callable[[Request], None], per_token: bool = False) -> Request:
+               on_done: Callable[[Request], None], per_token: bool = False, pool_skip: int = 0) -> Request:
         """Queue one request's sequences (int32 arrays); ``on_done(request)`` is called on the event
         loop once its rows are in or it failed (``request.error``). ``priority`` is a
         ``bouquet.v1.Priority``; AUTO is decided by size. ``per_token``: the engine's token
-        outputs (``step_tokens``), one row per token. Raises QueueFull."""
+        outputs (``step_tokens``), one row per token. ``pool_skip``: leading tokens of every
+        sequence (the prompt) left out of pooling. Raises QueueFull; RequestError when
+        ``pool_skip`` is negative."""
+        if pool_skip < 0:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"pool_skip must be >= 0, got {pool_skip}")
         n_tokens = sum(len(s) for s in seqs)
         if priority == pb.PRIORITY_INTERACTIVE:
             prio = Priority.INTERACTIVE
@@ -178,7 +182,7 @@ class InferenceService:
             self._inflight_requests -= 1
             on_done(r)
 
-        req = Request(seqs, tts, prio, on_done=done, per_token=per_token)
+        req = Request(seqs, tts, prio, on_done=done, per_token=per_token, pool_skip=pool_skip)
         self.scheduler.add(req)  # raises QueueFull before anything is counted
         self._inflight_requests += 1
         self._wake.set()
