@@ -63,14 +63,19 @@ def check_terms(got: list[dict], want: dict[int, float]) -> None:
         assert abs(t["value"] - want[t["index"]]) <= 1e-4 * want[t["index"]] + 2e-6, (t, want[t["index"]])
 
 
-def test_m3_heads_served(m3_dir):
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_m3_heads_served(m3_dir, transport):
+    """The heads' outputs over HTTP equal FlagEmbedding's, whether the gateway reaches its replica
+    by the Unix socket (auto) or by gRPC (its per-token replies carry [T, D'] rows too)."""
     spec = load_spec(str(m3_dir))
     assert spec.token_heads
     ids = TextTokenizer(spec).encode(TEXTS).ids
     lexical, colbert = reference(m3_dir, ids)
     assert sum(map(len, lexical)) > 5 and any(len(set(s.tolist())) < len(s) for s in ids)  # a repeated token too
-    srv = BouquetProcess("--model", str(m3_dir), "--log-level", "warning")
+    srv = BouquetProcess("--model", str(m3_dir), "--log-level", "warning", "--transport", transport)
     try:
+        want_transport = "grpc" if transport == "grpc" else "ipc"
+        assert all(r["transport"] == want_transport for r in httpx.get(srv.url + "/health").json()["replicas"])
         r = httpx.post(srv.url + "/embed_sparse", json={"inputs": TEXTS}, timeout=60)
         assert r.status_code == 200, r.text
         for got, want in zip(r.json(), lexical):

@@ -159,19 +159,20 @@ def test_served_over_http_equals_sentence_transformers(tiny_bert, tmp_path):
         srv.stop()
 
 
-@pytest.mark.parametrize("mode", ["mean", "max"])
-def test_include_prompt_false_served_over_http(tiny_bert, tmp_path, mode):
+@pytest.mark.parametrize(("mode", "transport"), [("mean", "auto"), ("max", "grpc")])
+def test_include_prompt_false_served_over_http(tiny_bert, tmp_path, mode, transport):
     """``bouquet serve`` of a Pooling(include_prompt=False) model: with ``prompt_name`` the gateway
     counts the prompt's tokens and the replica leaves them out of pooling, as sentence-transformers'
     ``encode(..., prompt_name=...)``; without a prompt every token is pooled. Chunk modes, where only
-    the first window would carry the prompt, are refused with a 400 naming ``long_input``."""
+    the first window would carry the prompt, are refused with a 400 naming ``long_input``. The count
+    travels in the Unix-socket call and in the gRPC ``EmbedRequest`` alike."""
     from sentence_transformers import SentenceTransformer
 
     d = write_st_model(tiny_bert, tmp_path / "m", mode, [TANH], prompts={"query": PROMPT}, include_prompt=False)
     st = SentenceTransformer(str(d), device="cpu")
     ref_query = st.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS))
     ref_plain = st.encode(TEXTS, batch_size=len(TEXTS))
-    srv = BouquetProcess("--model", str(d), "--log-level", "warning")
+    srv = BouquetProcess("--model", str(d), "--log-level", "warning", "--transport", transport)
     try:
         assert cosine_rows(srv.vectors(TEXTS, prompt_name="query"), ref_query).min() >= 0.9999
         assert cosine_rows(srv.vectors(TEXTS[:1], prompt_name="query"), ref_query[:1]).min() >= 0.9999  # coalesced

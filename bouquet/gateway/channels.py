@@ -80,14 +80,12 @@ class GrpcChannel:
         return True  # gRPC reconnects by itself; failures show up as UNAVAILABLE
 
     async def embed(self, call: Packed, normalize: bool | None, dimensions: int | None, priority: int,
-                    timeout_s: float, pool_skip: int = 0) -> np.ndarray:
-        """Rows float32 [B, D]. Raises ReplicaUnavailable, ReplicaQueueFull or APIError (400 for a
-        prompt left out of pooling, ``pool_skip`` > 0, which bouquet.proto does not carry yet)."""
-        if pool_skip:
-            raise APIError(400, "this model leaves the prompt out of pooling (include_prompt=false), which replicas "
-                                f"on this host serve, not over gRPC ({self.address}); send the request without a prompt")
+                    timeout_s: float, per_token: bool = False, pool_skip: int = 0) -> np.ndarray:
+        """Rows float32 [B, D] ([T, D'] with ``per_token``); ``pool_skip``: leading tokens of every
+        sequence left out of pooling. Raises ReplicaUnavailable, ReplicaQueueFull or APIError."""
         req = pb.EmbedRequest(input_ids=call.input_ids, lengths=call.lengths, token_type_ids=call.token_type_ids,
-                              priority=priority, dimensions=dimensions or 0)  # type: ignore[arg-type]
+                              priority=priority, dimensions=dimensions or 0, per_token=per_token,
+                              pool_skip=pool_skip)  # type: ignore[arg-type]
         if normalize is not None:
             req.normalize = normalize
         try:
@@ -102,11 +100,12 @@ class GrpcChannel:
         t = rep.output
         if len(t.shape) != 2:
             raise APIError(500, f"replica {self.address} returned shape {list(t.shape)}")
-        return _rows(t.data, (int(t.shape[0]), int(t.shape[1])), call.num_seqs, self.address)
+        return _rows(t.data, (int(t.shape[0]), int(t.shape[1])), call.num_tokens if per_token else call.num_seqs,
+                     self.address)
 
     async def embed_tokens(self, call: Packed, priority: int, timeout_s: float) -> np.ndarray:
-        """Per-token rows travel over the Unix socket only: raises APIError 400."""
-        raise APIError(400, f"per-token outputs are served by replicas on this host only, not over gRPC ({self.address})")
+        """One row per token [T, D'] (the model's token outputs); errors as ``embed``."""
+        return await self.embed(call, None, None, priority, timeout_s, per_token=True)
 
     def close(self) -> None:
         pass  # the pool closes the gRPC channel it made

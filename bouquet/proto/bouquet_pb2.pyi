@@ -27,7 +27,7 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "lengths", "token_type_ids", "priority", "normalize", "dimensions", "request_id")
+    __slots__ = ("input_ids", "lengths", "token_type_ids", "priority", "normalize", "dimensions", "request_id", "per_token", "pool_skip")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,8 @@ class EmbedRequest(_message.Message):
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    POOL_SKIP_FIELD_NUMBER: _ClassVar[int]
     input_ids: bytes
     lengths: bytes
     token_type_ids: bytes
@@ -42,7 +44,9 @@ class EmbedRequest(_message.Message):
     normalize: bool
     dimensions: int
     request_id: str
-    def __init__(self, input_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., priority: _Optional[_Union[Priority, str]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    per_token: bool
+    pool_skip: int
+    def __init__(self, input_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., priority: _Optional[_Union[Priority, str]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., per_token: _Optional[bool] = ..., pool_skip: _Optional[int] = ...) -> None: ...
 
 class EmbedReply(_message.Message):
     __slots__ = ("output", "num_tokens")

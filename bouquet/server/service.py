@@ -128,9 +128,13 @@ class InferenceService:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         try:
-            req = self.submit(seqs, tts, request.priority, lambda r: fut.done() or fut.set_result(None))
+            req = self.submit(seqs, tts, request.priority, lambda r: fut.done() or fut.set_result(None),
+                              per_token=request.per_token, pool_skip=request.pool_skip)
         except QueueFull as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise  # unreachable: abort raises
+        except RequestError as e:
+            await context.abort(e.code, e.message)
             raise  # unreachable: abort raises
         try:
             await fut
