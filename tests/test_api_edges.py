@@ -152,3 +152,19 @@ def test_cosine_scores_stay_in_range(minilm_server):
     assert r.status_code == 200, r.text
     scores = [d["score"] for d in r.json()["data"]]
     assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] == 1.0
+
+
+def test_unknown_model_is_404_on_every_post_route(minilm_server):
+    """A single-model server refuses a name it does not serve on the TEI routes too (they have no
+    ``model`` field in TEI, but docs/api.md accepts one on every POST route)."""
+    bodies = {"/v1/embeddings": {"input": "hi"}, "/v1/rerank": {"query": "q", "documents": ["a"]},
+              "/v1/score": {"text_1": "a", "text_2": "b"}, "/embed": {"inputs": "hi"},
+              "/rerank": {"query": "q", "texts": ["a"]}, "/tokenize": {"inputs": "hi"}}
+    for path, body in bodies.items():
+        r = httpx.post(minilm_server.url + path, json={**body, "model": "nope"}, timeout=60)
+        assert r.status_code == 404, (path, r.status_code, r.text[:200])
+        if path.startswith("/v1/"):
+            assert r.json()["error"]["code"] == "model_not_found"
+        else:
+            assert r.json()["error_type"] == "Validation"
+        assert httpx.post(minilm_server.url + path, json=body, timeout=60).status_code == 200, path

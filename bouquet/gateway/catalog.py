@@ -1,7 +1,7 @@
 """The models one gateway process serves, their names, and which one a request goes to.
 
-One model (the common case): the front hands every request to its only Gateway and the routes
-check ``model`` themselves (``Gateway.check_model``); nothing here runs per request. Several
+One model (the common case): the front hands every request to its only Gateway after
+``Gateway.check_model`` (on every POST route, TEI's included); nothing here runs per request. Several
 models (``serve --model A --model B``): each has its own Gateway (replicas, tokenizer, spec) and
 the front calls ``Catalog.pick`` with the body's ``model``: one dict lookup by name or, without
 ``model``, the first model of the kind the route needs (``RouteKind``). Names: each model answers

@@ -172,7 +172,11 @@ class Front:
             body = await read_body(scope, receive, self.gw.cfg.max_request_bytes)
             timer = asyncio.get_running_loop().call_later(self.watch_after_s, watch.start)
             obj = parse_json(body)
-            gw = self.models.pick(obj.get("model"), self.routes.kinds.get(path, "any")) if self.multi else self.gw
+            if self.multi:
+                gw = self.models.pick(obj.get("model"), self.routes.kinds.get(path, "any"))
+            else:  # every POST route, TEI's included, refuses a name this server does not serve
+                gw = self.gw
+                gw.check_model(obj.get("model"))
             response = await route(gw, obj)
         except APIError as e:
             response = e.response_for(path)

@@ -62,7 +62,6 @@ def common_options(gw: Gateway, body: dict[str, Any]) -> dict[str, Any]:
 async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """Cohere/Jina rerank: ``query``, ``documents``, ``top_n``, ``return_documents`` → results sorted
     by ``relevance_score`` descending, each with its original ``index``."""
-    gw.check_model(body.get("model"))
     query = parse_query(body)
     docs = parse_documents(body.get("documents"), "documents", gw.cfg.max_inputs)
     top_n = opt_int(body, "top_n")
@@ -84,7 +83,6 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
 async def score_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """vLLM score API: ``text_1`` and ``text_2`` (string or list). One string against a list scores
     it with each item; two lists are paired item by item (equal lengths, or ``text_1`` of one)."""
-    gw.check_model(body.get("model"))
     t1 = parse_texts(body.get("text_1"), "text_1", gw.cfg.max_inputs)
     t2 = parse_texts(body.get("text_2"), "text_2", gw.cfg.max_inputs)
     if len(t1) == 1:
