@@ -81,7 +81,8 @@ def test_wrong_method_4xx(minilm_server, method):
     assert r.status_code in (404, 405), r.text
 
 
-ROUTES = ["/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/health", "/metrics",
+ROUTES = ["/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/embed_sparse", "/embed_all",
+          "/health", "/metrics",
           "/v1/models", "/v1/models/sentence-transformers/all-MiniLM-L6-v2", "/v1/models/unknown", "/info", "/nope"]
 
 
