@@ -48,6 +48,9 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
         "safetensors, with torch.load(weights_only=True). Off: such models are refused.")),
     "dtype": (str, "dtype", typer.Option(
         _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
+    "quantization": (str, "quantization", typer.Option(
+        _default("quantization"), help="none | fp8: the layers' matmuls in fp8 e4m3 (weights per channel, activations per "
+        "token) on batches of 1,024 tokens and more; refused when it moves the model's outputs (docs/quantization.md).")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
         _default("max_batch_tokens"),
         help=f"Token budget per engine step (0 = auto: {GPU_BATCH_TOKENS} GPU, {CPU_BATCH_TOKENS} CPU).")),
@@ -168,7 +171,7 @@ def bench(
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"],
-                                     help="Systems: engine (in process) | grpc | http | http-noop (bouquet serve --engine "
+                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | grpc | http | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
     benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
@@ -236,6 +239,7 @@ def embed(
     format: str = typer.Option("parquet", "--format", help="parquet (id, vector) | npy (vectors + ids.parquet per shard)."),
     dtype: str = typer.Option("auto", help="Compute dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16."),
     output_dtype: str = typer.Option("float32", help="Stored vector dtype: float32 | float16."),
+    quantization: str = typer.Option("none", help="none | fp8 (as `serve --quantization`: the layers' matmuls in fp8 e4m3)."),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     max_batch_tokens: int = typer.Option(0, help=f"Token budget per engine step (0 = auto: {GPU_BATCH_TOKENS} GPU, "
                                          f"{CPU_BATCH_TOKENS} CPU)."),
@@ -262,7 +266,7 @@ def embed(
             model = str(resolve_model_path(model, revision, download=True))
         cfg = EmbedJobConfig(
             input=input, output=output, model=model, text_column=text_column, id_column=id_column,
-            format=format, dtype=dtype, output_dtype=output_dtype, device=device,  # type: ignore[arg-type]
+            format=format, dtype=dtype, output_dtype=output_dtype, quantization=quantization, device=device,  # type: ignore[arg-type]
             max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs, shard_rows=shard_rows,
             tokenizer_threads=tokenizer_threads, threads=threads, prompt=prompt, overwrite=overwrite, progress=progress,
         ).validate()

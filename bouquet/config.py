@@ -21,6 +21,8 @@ EngineKind = Literal["torch", "noop"]
 ENGINES: tuple[str, ...] = ("torch", "noop")
 Transport = Literal["auto", "grpc"]
 TRANSPORTS: tuple[str, ...] = ("auto", "grpc")
+Quantization = Literal["none", "fp8"]
+QUANTIZATIONS: tuple[str, ...] = ("none", "fp8")
 
 # Default sizes, written here only (the server, the offline job and the CLI read them from here).
 MAX_BATCH_SEQS = 512  # sequence slots per engine step
@@ -31,6 +33,13 @@ GRAPH_MAX_TOKENS = 8192  # batches with more tokens run eagerly, not as a CUDA-g
 # cache (measured: ~15% faster on 2 cores than 16,384).
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
+# --quantization fp8: steps of fewer tokens run the bf16 weights (kept beside the fp8 ones), because
+# at small M the fp8 GEMM with per-row scales is slower than bf16 (bench/results/, issue 14 probe:
+# 0.69x at 128 tokens, 1.24x at 2,560, 1.52x at 51,200 for Qwen3-0.6B's linears).
+FP8_MIN_TOKENS = 1024
+# fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
+# own bf16 outputs (engine.py, at load).
+FP8_MIN_COSINE = 0.995
 
 
 def batch_token_budget(max_batch_tokens: int, device_type: str, longest: int = 0) -> int:
@@ -75,6 +84,8 @@ class ServeConfig:
     grpc_port: int = 0  # 0 = pick a free port
     device: Device = "auto"
     dtype: DType = "auto"
+    # "fp8": the layers' matmuls in e4m3 (engine/quant.py) on batches of FP8_MIN_TOKENS and more
+    quantization: Quantization = "none"
     max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
     # Scheduling (server): a request with at most this many tokens is `interactive` by default.
@@ -126,6 +137,8 @@ class ServeConfig:
             raise ConfigError(f"--device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         for name in ("port", "grpc_port"):

@@ -138,10 +138,11 @@ def test_model_fuses_at_load(kind: str, tmp_path: Path) -> None:
     engine = Engine(load_spec(str(make_tiny_model(kind, tmp_path / kind))), device="cpu", dtype="float32")
     m = engine.model
     if kind == "bert":
-        w, b = m.encoder.layer[0].qkv
+        qkv = m.encoder.layer[0].qkv
+        w, b = qkv.weight, qkv.bias
         assert w.shape[0] == 3 * w.shape[1] and b.shape == (w.shape[0],)
     else:
-        assert m.yes_no.shape[0] == 2 and m.model.layers[0].mlp.gate_up.shape[0] == 2 * m.model.layers[0].mlp.up_proj.weight.shape[0]
+        assert m.yes_no.shape[0] == 2 and m.model.layers[0].mlp.gate_up.weight.shape[0] == 2 * m.model.layers[0].mlp.up_proj.weight.shape[0]
 
 
 def test_label_count_follows_transformers_defaults() -> None:

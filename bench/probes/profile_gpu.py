@@ -8,7 +8,8 @@ code path):
     returns, end-to-end wait (p50 ms), GPU time of one graph replay, kernels per replay;
   * one eager step of 32 × 512 tokens under ``torch.profiler``: GPU ms and the top kernels;
   * engine throughput at batch 100 × 512 tokens (emb/s, best of 3 passes);
-and, fused only, a cProfile of 300 batch-1 steps (where the host time goes).
+and, fused only, a cProfile of 300 batch-1 steps (where the host time goes). ``--variants``
+picks among fused, unfused and fp8 (fused kernels, ``--quantization fp8``).
 """
 from __future__ import annotations
 
@@ -164,6 +165,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "bge-base"])
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the embedded MiniLM's)")
     ap.add_argument("--models-root", default="/tmp/models")
+    ap.add_argument("--variants", nargs="+", default=["fused", "unfused"], choices=["fused", "unfused", "fp8"])
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from bouquet.bench.models import SHAPES, make_model_dir
@@ -178,12 +180,13 @@ def main() -> None:
     print(json.dumps(res["attention"], indent=1), flush=True)
     for name in a.shapes:
         spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root), Path(a.tokenizer) if a.tokenizer else None)))
-        for fused in (True, False):
+        for variant in a.variants:
+            fused = variant != "unfused"
             ops._fused = real_fused if fused else (lambda x: None)  # type: ignore[assignment]
-            engine = Engine(spec, "cuda", "bfloat16")
+            engine = Engine(spec, "cuda", "bfloat16", quantization="fp8" if variant == "fp8" else "none", fp8_min_cosine=0.0)
             engine.warmup()
-            key = f"{name}/{'fused' if fused else 'unfused'}"
-            res[key] = measure(engine, fused, host_profile=fused)
+            key = f"{name}/{variant}"
+            res[key] = measure(engine, fused, host_profile=variant == "fused")
             print(key, json.dumps({k: v for k, v in res[key].items() if k != "host_profile_b1_L128"}, indent=1)[:3000], flush=True)
             del engine
             torch.cuda.empty_cache()

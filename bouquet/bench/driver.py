@@ -24,7 +24,7 @@ from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_mod
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
 log = logging.getLogger("bouquet.bench")
-SYSTEMS = ("engine", "grpc", "http", "http-noop", "openai", "transformers")
+SYSTEMS = ("engine", "engine-fp8", "grpc", "http", "http-noop", "openai", "transformers")
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
 
 
 def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[ServerProcess]) -> Target:
-    if system == "engine":
-        return EngineTarget(model_dir, opts.device)
+    if system in ("engine", "engine-fp8"):
+        return EngineTarget(model_dir, opts.device, quantization="fp8" if system == "engine-fp8" else "none")
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
     if system in ("grpc", "http", "http-noop"):
@@ -135,7 +135,11 @@ def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str,
             target = ref if system == "transformers" else _open(system, model_dir, opts, servers)
             log.info("%s / %s: checking against transformers", shape.name, target.name)
             if target.name != "bouquet-http-noop":  # zero vectors by design: benchmark 5 checks their shape
-                res["checks"][target.name] = R.cosine_check(target, ref, check_seqs)
+                # fp8 runs on steps of FP8_MIN_TOKENS and more: the fp8 check sends enough tokens
+                seqs = check_seqs * 2 if target.tolerance > 1e-3 else check_seqs
+                res["checks"][target.name] = R.cosine_check(target, ref, seqs, target.tolerance)
+                if getattr(target, "fp8_cosine", None) is not None:
+                    res["checks"][target.name + "-probe-vs-bf16-min-mean"] = target.fp8_cosine
             for phase in ("graphs", "latency", "throughput", "concurrency", "queries"):
                 try:  # a failing phase (say, a request size a server refuses) keeps the others
                     _phase(phase, target, ref, shape, opts, rate, rng, texts, model_dir, res)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bouquet.config import GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
+from bouquet.config import FP8_MIN_COSINE, FP8_MIN_TOKENS, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
 from bouquet.engine.attention import AttentionBackend, select_backend
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
@@ -29,6 +29,7 @@ from bouquet.engine.contract import EngineInfo
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
+from bouquet.engine.quant import enable_fp8, output_cosines, set_fp8_min_tokens
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
@@ -107,7 +108,7 @@ class Engine:
 
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
-                 spin_wait: bool = False) -> None:
+                 spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -142,10 +143,43 @@ class Engine:
             o = self.graph_options
             self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
                                        self.use_types, debug=o.debug)
+        self.quantization = quantization
+        if quantization == "fp8":
+            self._enable_fp8(fp8_min_cosine)
+        elif quantization != "none":
+            raise ValueError(f"quantization must be none or fp8, got {quantization!r}")
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)
         log.info("engine: %s on %s (%s), %d tensors loaded in %.2fs", spec.architecture, self.device,
                  self.info.dtype, len(self.loaded), self.info.load_seconds)
+
+    def _enable_fp8(self, min_cosine: float) -> None:
+        """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32
+        random-token sequences of 8–128 tokens, fixed seed) in fp8 against bf16: refused with
+        ValueError below ``min_cosine`` (FP8_MIN_COSINE; benchmarks pass 0 to time any model), so
+        fp8 never serves vectors far from the model's own."""
+        n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS)
+        rng = np.random.default_rng(0)
+        top = min(128, self.spec.max_seq_length)
+        seqs = [rng.integers(1000 if self.spec.vocab_size > 2000 else 0, self.spec.vocab_size,
+                             int(rng.integers(min(8, top), top + 1))).astype(np.int32) for _ in range(32)]
+        batch = Batch.pack(seqs)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            set_fp8_min_tokens(self.model, 0)
+            fp8 = self.forward(batch)
+            set_fp8_min_tokens(self.model, None)
+            ref = self.forward(batch)
+            set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
+        cos = output_cosines(fp8, ref)
+        log.info("quantization: fp8 e4m3 for %d matmuls (qkv, attention output, MLP in and out of every layer; "
+                 "per-channel weight and per-token activation scales); bf16 for embeddings, norms, attention, "
+                 "pooling and heads, and for steps under %d tokens; probe batch cosine vs bf16 min %.5f mean %.5f",
+                 n, FP8_MIN_TOKENS, cos.min(), cos.mean())
+        self.fp8_cosine = (float(cos.min()), float(cos.mean()))
+        if not np.isfinite(cos).all() or cos.min() < min_cosine:
+            raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "
+                             f"only cosine {cos.min():.4f} against its own {self.dtype} outputs (the bar is "
+                             f"{min_cosine}); serve it without --quantization")
 
     @classmethod
     def from_state_dict(cls, spec: ModelSpec, state: dict[str, torch.Tensor], device: str = "auto",

@@ -35,140 +35,133 @@ itself on the CPU, in fp32, or when Triton is missing).
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
+from dataclasses import dataclass
+from types import ModuleType
 import torch
 import torch.nn.functional as F
 
 from bouquet.engine.layers import RMSNorm, activation
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3 value (OCP FP8 spec, E4M3)
+TINY = 1e-12  # an all-zero row (padding) gets this amax: its values quantize to 0
+
+
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=1)
-def _kernels() -> SimpleNamespace | None:
-    """Build the Triton kernels on first use (no import-time probing); None when unavailable."""
+def triton_kernels() -> ModuleType | None:
+    """The Triton kernels (engine/kernels.py), imported on first use; None without Triton."""
     try:
-        import triton
-        import triton.language as tl
+        from bouquet.engine import kernels
     except ImportError:
         return None
-
-    @triton.jit
-    def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, n_cols, eps,
-                      HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        dt = out_ptr.dtype.element_ty
-        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        if KEEP_SUM:  # pre-norm: the rounded sum is the residual stream, and HF normalizes it
-            s = x.to(dt)
-            tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
-            x = s.to(tl.float32)
-        mean = tl.sum(x, axis=0) / n_cols
-        d = tl.where(mask, x - mean, 0.0)
-        var = tl.sum(d * d, axis=0) / n_cols
-        y = d * tl.rsqrt(var + eps) * tl.load(w_ptr + cols, mask=mask, other=1.0).to(tl.float32)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
-
-    @triton.jit
-    def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
-                       HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        dt = out_ptr.dtype.element_ty
-        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_RES:
-            s = (x + tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dt)
-            tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
-            x = s.to(tl.float32)  # HF normalizes the rounded sum
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if UNIT_OFFSET:  # Gemma: x · (1 + w) in fp32, rounded once
-            y = x * rstd * (1.0 + w)
-        else:  # Llama/Qwen: the normed row is rounded before the weight multiply
-            y = (x * rstd).to(dt).to(tl.float32) * w
-        tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
-
-    @triton.jit
-    def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
-                            HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-        # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
-        t = tl.program_id(0).to(tl.int64)
-        heads = tl.arange(0, HEADS)[:, None]
-        cols = tl.arange(0, HALF)[None, :]
-        mask = (heads < n_heads) & (cols < HALF)
-        dt = qkv_ptr.dtype.element_ty
-        ptr = qkv_ptr + t * row_stride + heads * (2 * HALF) + cols
-        x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
-        if NORM:
-            rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
-            w = w_ptr + (heads >= n_q_heads).to(tl.int32) * (2 * HALF) + cols  # row 0: q_norm, row 1: k_norm
-            w1, w2 = tl.load(w).to(tl.float32), tl.load(w + HALF).to(tl.float32)
-            if UNIT_OFFSET:  # Gemma's (1 + w), in fp32 before the one rounding
-                y1 = (x1 * rstd * (1.0 + w1)).to(dt).to(tl.float32)
-                y2 = (x2 * rstd * (1.0 + w2)).to(dt).to(tl.float32)
-            else:
-                y1 = ((x1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-                y2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-        else:  # Qwen2, Mistral: rotary only
-            y1, y2 = x1, x2
-        c = tl.load(cos_ptr + t * HALF + cols)
-        s = tl.load(sin_ptr + t * HALF + cols)
-        tl.store(ptr, (y1 * c - y2 * s).to(dt), mask=mask)  # in place: this program read its token already
-        tl.store(ptr + HALF, (y2 * c + y1 * s).to(dt), mask=mask)
-
-    @triton.jit
-    def gated_act_kernel(gu_ptr, out_ptr, n_cols, GELU: tl.constexpr, ERF: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        dt = out_ptr.dtype.element_ty
-        g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        if ERF:  # exact GELU: 0.5·g·(1 + erf(g/√2))
-            a = (0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))).to(dt).to(tl.float32)
-        elif GELU:  # tanh form: 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))); tanh(z) = 1 − 2/(1 + e^{2z})
-            z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-            a = (0.5 * g * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * z)))).to(dt).to(tl.float32)
-        else:
-            a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # HF rounds the activation first
-        tl.store(out_ptr + row * n_cols + cols, (a * u).to(dt), mask=mask)
-
-    return SimpleNamespace(add_ln=add_ln_kernel, add_rms=add_rms_kernel, qk_norm_rope=qk_norm_rope_kernel,
-                           gated_act=gated_act_kernel, next_pow2=triton.next_power_of_2)
+    return kernels
 
 
-def _fused(x: torch.Tensor) -> SimpleNamespace | None:
+def _fused(x: torch.Tensor) -> ModuleType | None:
     """The kernels when ``x`` can use them (CUDA, fp16/bf16, Triton present), else None."""
-    return _kernels() if x.is_cuda and x.dtype in _FUSED_DTYPES else None
+    return triton_kernels() if x.is_cuda and x.dtype in _FUSED_DTYPES else None
 
 
 def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
 
-def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
+@dataclass
+class QRows:
+    """Activations quantized per row: row i ≈ values[i] · scale[i].
+
+    values [T, K] float8_e4m3fn; scale [T, 1] float32; dense [T, K] in the model dtype when the
+    producing kernel also wrote the unquantized rows (a post-norm encoder's residual stream),
+    else None."""
+
+    values: torch.Tensor
+    scale: torch.Tensor
+    dense: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+
+def dense_rows(x: "torch.Tensor | QRows") -> torch.Tensor:
+    """The model-dtype rows of ``x``. Raises ValueError for QRows written without them."""
+    if isinstance(x, QRows):
+        if x.dense is None:
+            raise ValueError("these activations exist only in fp8")
+        return x.dense
+    return x
+
+
+def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] any float dtype → (values [T, K] e4m3, scale [T, 1] float32), in PyTorch: the
+    definition the Triton kernels are tested against."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / FP8_MAX
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+_MAX_ROW = 16384  # one program holds a whole row in registers
+
+
+def act_quant(x: torch.Tensor, act: str = "identity", gated: bool = False) -> QRows:
+    """x [T, K] (or [T, 2K] with ``gated``: gate columns first, then up) in fp16/bf16/fp32 →
+    QRows of act(x) (or act(gate) · up), [T, K]. ``act``: identity | silu | gelu_tanh | gelu (erf).
+    One Triton kernel on CUDA (fp16/bf16); PyTorch otherwise, with the same rounding steps."""
+    n = x.shape[1] // 2 if gated else x.shape[1]
+    k = _fused(x)
+    if k is None or n > _MAX_ROW or x.stride(1) != 1:
+        g = x[:, :n] if gated else x
+        a = _ACT_FNS[act](g)
+        if gated:
+            a = a * x[:, n:]
+        return QRows(*quantize_reference(a))
+    T = x.shape[0]
+    q = torch.empty((T, n), dtype=FP8, device=x.device)
+    scale = torch.empty((T, 1), dtype=torch.float32, device=x.device)
+    if T:
+        block = k.next_pow2(n)
+        k.act_quant_kernel[(T,)](x, q, scale, n, x.stride(0), ACT=_ACT_CODES[act], GATED=gated, BLOCK=block,
+                          num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16)
+    return QRows(q, scale)
+
+
+def quantize_rows(x: torch.Tensor) -> QRows:
+    """x [T, K] → QRows [T, K]: the one separate quantization pass (the attention output, and the
+    first layer's input of a post-norm encoder)."""
+    return act_quant(x, "identity")
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm,
+                   fp8: bool = False) -> "torch.Tensor | QRows":
     """x, residual [T, H] (same dtype) → LayerNorm(x + residual) [T, H], ``ln``'s weight/bias/eps.
+    With ``fp8``: QRows of that output, ``dense`` holding the output itself (a post-norm
+    encoder's next residual), both written by the same kernel.
 
     Fused on CUDA for fp16/bf16 (no host sync, CUDA-graph safe); eager PyTorch otherwise.
     """
     k = _fused(x)
     if k is None or ln.weight is None or ln.bias is None or x.dim() != 2 or x.shape[1] > 8192:
-        return ln(x + residual)
+        y = ln(x + residual)
+        return QRows(*quantize_reference(y), dense=y) if fp8 else y
     x, residual = x.contiguous(), residual.contiguous()
     out = torch.empty_like(x)
-    if x.shape[0] == 0:
-        return out
-    block = k.next_pow2(x.shape[1])
-    k.add_ln[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, x.shape[1], ln.eps, HAS_BIAS=True,
-                            KEEP_SUM=False, BLOCK=block, num_warps=_warps(block))
-    return out
+    q, scale = _fp8_out(x, fp8)
+    if x.shape[0]:
+        block = k.next_pow2(x.shape[1])
+        k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, x.shape[1], ln.eps,
+                                       HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block, num_warps=_warps(block))
+    return QRows(q, scale, dense=out) if fp8 else out
+
+
+def _fp8_out(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output buffers of a quantizing kernel: values [T, H] e4m3, scale [T, 1] float32 (without
+    ``fp8``: x itself, a placeholder the kernel never touches)."""
+    if not fp8:
+        return x, x
+    return torch.empty(x.shape, dtype=FP8, device=x.device), torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
 
 
 def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,8 +180,9 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
     if x.shape[0]:
         block = k.next_pow2(x.shape[1])
         bias = ln.weight if ln.bias is None else ln.bias  # never read without HAS_BIAS
-        k.add_ln[(x.shape[0],)](x, residual, ln.weight, bias, out, s, x.shape[1], ln.eps, HAS_BIAS=ln.bias is not None,
-                                KEEP_SUM=True, BLOCK=block, num_warps=_warps(block))
+        k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, x.shape[1], ln.eps,
+                                       HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
+                                       num_warps=_warps(block))
     return out, s
 
 
@@ -197,9 +191,11 @@ def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.L
     return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+                 fp8: bool = False) -> "tuple[torch.Tensor | QRows, torch.Tensor]":
     """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
-    (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype.
+    (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype. With
+    ``fp8`` the normed rows come back as QRows only (the next GEMM is their one reader).
 
     One kernel on CUDA for fp16/bf16; the eager fallback is ``norm(s)`` (HF ``Qwen3RMSNorm``, or
     ``Gemma3RMSNorm`` when ``norm.unit_offset``).
@@ -207,17 +203,19 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) 
     k = _fused(x)
     if k is None or x.dim() != 2 or x.shape[1] > 8192:
         s = x if residual is None else x + residual
-        return norm(s), s
+        y = norm(s)
+        return (QRows(*quantize_reference(y)) if fp8 else y), s
     x = x.contiguous()
-    out = torch.empty_like(x)
+    q, scale = _fp8_out(x, fp8)
+    out = x if fp8 else torch.empty_like(x)  # not written with fp8
     s = torch.empty_like(x) if residual is not None else x
-    if x.shape[0] == 0:
-        return out, s
-    block = k.next_pow2(x.shape[1])
-    r = residual.contiguous() if residual is not None else x
-    k.add_rms[(x.shape[0],)](x, r, norm.weight, out, s, x.shape[1], norm.eps, HAS_RES=residual is not None,
-                             UNIT_OFFSET=norm.unit_offset, BLOCK=block, num_warps=_warps(block))
-    return out, s
+    if x.shape[0]:
+        block = k.next_pow2(x.shape[1])
+        r = residual.contiguous() if residual is not None else x
+        k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, x.shape[1], norm.eps,
+                                        HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
+                                        BLOCK=block, num_warps=_warps(block))
+    return (QRows(q, scale) if fp8 else out), s
 
 
 def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,7 +247,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
             qk_weight = qkv if q_norm is None or k_norm is None else torch.stack((q_norm.weight, k_norm.weight))
         if T:
             heads = k.next_pow2(n_q + n_kv)
-            k.qk_norm_rope[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
+            k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
                                  0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
                                  num_warps=4 if heads * head_dim <= 4096 else 8)
@@ -269,34 +267,45 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [T, 2·I] (gate rows first, then up) → SiLU(gate) · up [T, I], same dtype."""
-    return _gated(gate_up, gelu=False)
+def silu_mul(gate_up: torch.Tensor, fp8: bool = False) -> "torch.Tensor | QRows":
+    """gate_up [T, 2·I] (gate rows first, then up) → SiLU(gate) · up [T, I], same dtype; with
+    ``fp8``: as QRows (quantized by the same kernel)."""
+    return _gated(gate_up, "silu", fp8)
 
 
-def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def gelu_tanh_mul(gate_up: torch.Tensor, fp8: bool = False) -> "torch.Tensor | QRows":
     """gate_up [T, 2·I] (gate rows first, then up) → GELU_tanh(gate) · up [T, I], same dtype
-    (Gemma's MLP, ``gelu_pytorch_tanh``)."""
-    return _gated(gate_up, gelu=True)
+    (Gemma's MLP, ``gelu_pytorch_tanh``); with ``fp8``: as QRows."""
+    return _gated(gate_up, "gelu_tanh", fp8)
 
 
 def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2·I] (the activated half first) → GELU(first) · second [T, I], same dtype, with
     the exact erf GELU (ModernBERT's GeGLU, ``hidden_activation: gelu``)."""
-    return _gated(gate_up, gelu=True, erf=True)
+    return _gated(gate_up, "gelu")
 
 
-def _gated(gate_up: torch.Tensor, gelu: bool, erf: bool = False) -> torch.Tensor:
+_ACT_CODES = {"identity": 0, "silu": 1, "gelu_tanh": 2, "gelu": 3, "relu": 4}  # kernels._act's codes
+_ACT_FNS = {"identity": lambda t: t, "silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu,
+            "relu": F.relu}
+# config.json's ``hidden_act`` names (layers.ACTIVATIONS) → the kernels' activation names
+FP8_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "silu": "silu",
+            "swish": "silu"}
+
+
+def _gated(gate_up: torch.Tensor, act: str, fp8: bool = False) -> "torch.Tensor | QRows":
+    if fp8:
+        return act_quant(gate_up, act, gated=True)
     k = _fused(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     if k is None or gate_up.dim() != 2:
-        return (F.gelu(gate, approximate="none" if erf else "tanh") if gelu else F.silu(gate)) * up
+        return _ACT_FNS[act](gate) * up
     gate_up = gate_up.contiguous()
     T, n = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty((T, n))
     if T:
         block = min(1024, k.next_pow2(n))
-        k.gated_act[(T, -(-n // block))](gate_up, out, n, GELU=gelu, ERF=erf, BLOCK=block, num_warps=4)
+        k.gated_act_kernel[(T, -(-n // block))](gate_up, out, n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4)
     return out
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from bouquet.config import MAX_BATCH_SEQS, batch_token_budget
+from bouquet.config import MAX_BATCH_SEQS, QUANTIZATIONS, batch_token_budget
 from bouquet.jobs.packer import Group, Packer, run_pipelined
 from bouquet.jobs.reader import RowChunk, discover, estimate_rows, fingerprint, read_chunks, resolve_id_column
 from bouquet.jobs.writer import Manifest, OutputFormat, ShardWriter
@@ -48,6 +48,7 @@ class EmbedJobConfig:
     format: OutputFormat = "parquet"
     dtype: str = "auto"  # compute dtype: auto (bf16 GPU, fp32 CPU) | float32 | float16 | bfloat16
     output_dtype: str = "float32"  # float32 | float16
+    quantization: str = "none"  # none | fp8 (engine/quant.py; ServeConfig.quantization)
     device: str = "auto"
     max_batch_tokens: int = 0  # 0 = auto, as the server (config.batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
@@ -64,6 +65,8 @@ class EmbedJobConfig:
             raise ValueError(f"--format must be parquet or npy, got {self.format!r}")
         if self.output_dtype not in ("float32", "float16"):
             raise ValueError(f"--output-dtype must be float32 or float16, got {self.output_dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         for name in ("threads", "tokenizer_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be ≥ 0 (0 = auto), got {getattr(self, name)}")
@@ -139,7 +142,8 @@ def reserve_cores_for_engine(reserved: int = 2) -> None:
         os.environ["RAYON_NUM_THREADS"] = str(usable_cores() - reserved)
 
 
-def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, max_batch_seqs: int) -> Any:
+def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, max_batch_seqs: int,
+                     quantization: str = "none") -> Any:
     """The engine a job runs on. On CUDA every batch up to the job's token budget is a CUDA-graph
     replay (the server's default stops at 8,192 tokens): a job's batches are all near the budget,
     so a few buckets cover them, and a replay costs the launching thread microseconds instead of
@@ -148,7 +152,8 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
 
     dev = resolve_device(device)
     budget = batch_token_budget(max_batch_tokens, dev.type, spec.max_seq_length)
-    return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs))
+    return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs),
+                  quantization=quantization)
 
 
 class _Producer(threading.Thread):
@@ -234,7 +239,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     prompt = resolve_prompt(spec, cfg.prompt)
     settings = {
         "model": str(spec.path), "text_column": cfg.text_column, "id_column": id_column, "format": cfg.format,
-        "output_dtype": cfg.output_dtype, "compute_dtype": compute_dtype, "shard_rows": cfg.shard_rows,
+        "output_dtype": cfg.output_dtype, "compute_dtype": compute_dtype, "quantization": cfg.quantization, "shard_rows": cfg.shard_rows,
         "prompt": prompt, "normalize": spec.normalize, "dimension": spec.dimension, "input": fingerprint(files),
     }
     out_dir = Path(cfg.output)
@@ -252,7 +257,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     if engine is None:  # loaded only when there is work left
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
-        engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs)
+        engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization)
         engine.warmup()
     budget = batch_token_budget(cfg.max_batch_tokens, engine.device.type, spec.max_seq_length)
     tokenizer = TextTokenizer(spec)

@@ -7,7 +7,7 @@ no pooling here (``engine/pooling.py`` owns that); ``head`` maps pooled rows to 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -18,7 +18,9 @@ from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.families import architecture_of, family, num_labels
 from bouquet.engine.layers import activation, fuse_linears
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.ops import add_layer_norm, linear_gelu
+from bouquet.engine.ops import FP8_ACTS, QRows, act_quant, add_layer_norm, dense_rows, linear_gelu, quantize_rows
+from bouquet.engine.quant import Projection
+
 
 
 class BertEmbeddings(nn.Module):
@@ -75,8 +77,12 @@ class PostNormLayer(nn.Module):
     submodules with the checkpoint's names and says which is which in ``parts()``.
     """
 
-    qkv: tuple[torch.Tensor, torch.Tensor]  # weight [3h, h], bias [3h]: set by fuse()
     p: LayerParts  # the submodules, set by fuse() (plain attribute: not registered twice)
+    # the layer's four matmuls (qkv fused: weight [3h, h], bias [3h]); set by fuse()
+    qkv: Projection
+    o: Projection
+    up: Projection
+    down: Projection
 
     def __init__(self, hidden: int, num_heads: int, act_name: str) -> None:
         super().__init__()
@@ -93,19 +99,34 @@ class PostNormLayer(nn.Module):
         self.p = self.parts()
         w, b = fuse_linears(self.p.q, self.p.k, self.p.v)
         assert b is not None  # these encoders' projections always carry biases
-        self.qkv = (w, b)
+        self.qkv = Projection(w, b)
+        self.o, self.up, self.down = Projection.of(self.p.o), Projection.of(self.p.up), Projection.of(self.p.down)
 
-    def forward(self, x: torch.Tensor, attn: AttentionBackend, meta: AttnMeta,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+    def projections(self) -> list[Projection]:
+        return [self.qkv, self.o, self.up, self.down]
+
+    def forward(self, x: "torch.Tensor | QRows", attn: AttentionBackend, meta: AttnMeta,
+                bias: torch.Tensor | None = None) -> "torch.Tensor | QRows":
         """x [T, hidden] → [T, hidden] in the model dtype; ``bias`` [H, L, L]: an additive score
-        bias by in-sequence positions (MPNet's relative positions; ``AttentionBackend.attend``)."""
+        bias by in-sequence positions (MPNet's relative positions; ``AttentionBackend.attend``).
+
+        fp8 (quant.py; batches of at least ``fp8_min_tokens``): the output is QRows whose
+        ``dense`` is the model-dtype output, so the next layer's qkv GEMM reads the fp8 rows the
+        last norm kernel wrote; a model-dtype input is quantized here (the first layer's)."""
         T, h = x.shape
         p = self.p
-        q, k, v = F.linear(x, *self.qkv).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
+        fp8 = self.qkv.use_fp8(T)
+        if fp8 and not isinstance(x, QRows):
+            x = replace(quantize_rows(x), dense=x)
+        q, k, v = self.qkv(x).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
         a = attn.attend(q, k, v, meta, bias=bias).reshape(T, h)  # [T, hidden]
-        x = add_layer_norm(p.o(a), x, p.attn_norm)  # one fused kernel on CUDA
-        y = p.down(linear_gelu(x, p.up, self.act_name))  # [T, hidden]
-        return add_layer_norm(y, x, p.out_norm)
+        res = dense_rows(x)
+        x = add_layer_norm(self.o(quantize_rows(a) if fp8 else a), res, p.attn_norm, fp8)  # one fused kernel on CUDA
+        if fp8:  # up GEMM (bias in its epilogue), then GELU and the fp8 cast in one kernel
+            y = self.down(act_quant(self.up(x), FP8_ACTS[self.act_name]))
+        else:
+            y = self.down(linear_gelu(x, p.up, self.act_name))  # [T, hidden]
+        return add_layer_norm(y, dense_rows(x), p.out_norm, fp8)
 
 
 def modules(**children: nn.Module) -> nn.ModuleDict:
@@ -169,7 +190,7 @@ class BertModel(PackedModel):
         x = self.embeddings(input_ids, position_ids, token_type_ids)  # [T, hidden]
         for layer in self.encoder.layer:
             x = layer(x, self.attn, meta)
-        return x
+        return dense_rows(x)
 
 
 

@@ -36,7 +36,8 @@ from bouquet.engine.families import architecture_of
 from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
-from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, rope_tables, silu_mul
+from bouquet.engine.ops import QRows, add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
+from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
 
 
@@ -92,7 +93,8 @@ def _full_attention(cfg: dict[str, Any], name: str, **facts: Any) -> DecoderFact
 
 
 class DecoderAttention(nn.Module):
-    qkv: tuple[torch.Tensor, torch.Tensor | None]  # weight [(H + 2·Hkv)·D, hidden], bias: set by fuse()
+    qkv: Projection  # weight [(H + 2·Hkv)·D, hidden], bias: set by fuse()
+    o: Projection  # o_proj; set by fuse()
     qk_weight: torch.Tensor | None  # [2, head_dim]: q_norm, k_norm weights (None: no q/k norm); set by fuse()
 
     def __init__(self, cfg: dict[str, Any], f: DecoderFacts) -> None:
@@ -114,7 +116,8 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
 
     def fuse(self) -> None:
-        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj))
+        self.o = Projection.of(self.o_proj)
         self.qk_weight = None
         if self.q_norm is not None and self.q_scale != 1.0:
             # q · c with the default scale equals q with scale c·head_dim**-0.5: scale the norm's
@@ -125,18 +128,20 @@ class DecoderAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             self.qk_weight = torch.stack((self.q_norm.weight.detach(), self.k_norm.weight.detach()))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend, meta: AttnMeta,
-                window: int | None) -> torch.Tensor:
-        """x [T, hidden] → [T, hidden]; cos/sin [T, head_dim/2] float32 (``ops.rope_tables``)."""
+    def forward(self, x: "torch.Tensor | QRows", cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
+                meta: AttnMeta, window: int | None) -> torch.Tensor:
+        """x [T, hidden] (QRows in fp8) → [T, hidden]; cos/sin [T, head_dim/2] float32 (``ops.rope_tables``)."""
         T = x.shape[0]
-        qkv = F.linear(x, *self.qkv)  # [T, (H + 2·Hkv)·D]
+        qkv = self.qkv(x)  # [T, (H + 2·Hkv)·D]
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
                                self.head_dim, self.qk_weight)
-        return self.o_proj(attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim))
+        a = attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim)
+        return self.o(quantize_rows(a) if isinstance(x, QRows) else a)  # FlashAttention writes bf16: one cast pass
 
 
 class DecoderMLP(nn.Module):
-    gate_up: torch.Tensor  # [2i, h]: gate rows, then up rows; set by fuse()
+    gate_up: Projection  # [2i, h]: gate rows, then up rows; set by fuse()
+    down: Projection  # down_proj; set by fuse()
 
     def __init__(self, cfg: dict[str, Any], f: DecoderFacts) -> None:
         super().__init__()
@@ -147,10 +152,12 @@ class DecoderMLP(nn.Module):
         self.act_mul = gelu_tanh_mul if f.gelu else silu_mul
 
     def fuse(self) -> None:
-        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)[0]
+        self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None)
+        self.down = Projection.of(self.down_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_mul(F.linear(x, self.gate_up)))  # gate_up [T, 2i] → [T, hidden]
+    def forward(self, x: "torch.Tensor | QRows") -> torch.Tensor:
+        """x [T, hidden] → [T, hidden]; with QRows in, the activation kernel quantizes for down."""
+        return self.down(self.act_mul(self.gate_up(x), isinstance(x, QRows)))  # gate_up [T, 2i]
 
 
 class DecoderLayer(nn.Module):
@@ -171,19 +178,25 @@ class DecoderLayer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
+    def projections(self) -> list[Projection]:
+        a, m = self.self_attn, self.mlp
+        return [a.qkv, a.o, m.gate_up, m.down]
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) [T, hidden] → (this layer's MLP output, the residual stream before it).
 
         The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);
-        the sums are the same values HF's ``residual + hidden_states`` produces."""
-        h, residual = add_rms_norm(x, residual, self.input_layernorm)
+        the sums are the same values HF's ``residual + hidden_states`` produces. In fp8 (quant.py)
+        the norms before a GEMM write its fp8 rows directly."""
+        fp8 = self.self_attn.qkv.use_fp8(x.shape[0])
+        h, residual = add_rms_norm(x, residual, self.input_layernorm, fp8)
         h = self.self_attn(h, cos, sin, attn, meta, self.window)
         if not self.sandwich:
-            h, residual = add_rms_norm(h, residual, self.post_attention_layernorm)
+            h, residual = add_rms_norm(h, residual, self.post_attention_layernorm, fp8)
             return self.mlp(h), residual
         h = add_rms_norm(h, None, self.post_attention_layernorm)[0]
-        h, residual = add_rms_norm(h, residual, self.pre_feedforward_layernorm)
+        h, residual = add_rms_norm(h, residual, self.pre_feedforward_layernorm, fp8)
         return add_rms_norm(self.mlp(h), None, self.post_feedforward_layernorm)[0], residual
 
 

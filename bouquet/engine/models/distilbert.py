@@ -17,6 +17,7 @@ from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.models.base import PackedModel
+from bouquet.engine.ops import dense_rows
 from bouquet.engine.models.bert import (BertEmbeddings, BertForSequenceClassification, LayerParts, PostNormLayer, modules,
                                          num_labels)
 
@@ -70,7 +71,7 @@ class DistilBertModel(PackedModel):
         x = self.embeddings(input_ids, position_ids, None)  # [T, dim]
         for layer in self.transformer.layer:
             x = layer(x, self.attn, meta)
-        return x
+        return dense_rows(x)  # fp8 layers hand on QRows (bert.PostNormLayer)
 
 
 class DistilBertForSequenceClassification(BertForSequenceClassification):

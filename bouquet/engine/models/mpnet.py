@@ -24,6 +24,7 @@ from torch import nn
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.families import architecture_of, family
 from bouquet.engine.models.base import PackedModel
+from bouquet.engine.ops import dense_rows
 from bouquet.engine.models.bert import BertEmbeddings, LayerParts, PostNormLayer, dense_norm, modules
 from bouquet.engine.models.xlm_roberta import XLMRobertaForSequenceClassification
 
@@ -115,7 +116,7 @@ class MPNetModel(PackedModel):
         bias = self.encoder.position_bias(meta.max_seqlen)  # [H, L, L], shared by every layer
         for layer in self.encoder.layer:
             x = layer(x, self.attn, meta, bias)
-        return x
+        return dense_rows(x)  # fp8 layers hand on QRows (bert.PostNormLayer)
 
 
 class MPNetForSequenceClassification(XLMRobertaForSequenceClassification):

@@ -1,0 +1,140 @@
+"""The Triton kernels behind ops.py and quant.py (imported only when a kernel is first used, so
+importing the engine never needs Triton). Each kernel's contract, precision rules and fallback
+are documented at its Python entry point: ``ops.add_layer_norm``, ``ops.add_rms_norm``,
+``ops.qk_norm_rope``, ``ops.silu_mul`` (and the other gated activations), ``quant.act_quant``.
+
+One program per row (token) everywhere: a row is at most a few thousand values, held in
+registers, so every statistic (mean, variance, amax) is a register reduction with no second pass.
+"""
+import triton
+import triton.language as tl
+
+next_pow2 = triton.next_power_of_2
+
+
+@triton.jit
+def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
+    # per-row e4m3: scale = amax / 448 (masked columns hold 0 and never raise the max)
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
+    tl.store(scale_ptr + row, scale)
+    tl.store(q_ptr + row * n_cols + cols, tl.clamp(y / scale, -448.0, 448.0).to(q_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit
+def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, n_cols, eps,
+                  HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if KEEP_SUM:  # pre-norm: the rounded sum is the residual stream, and HF normalizes it
+        s = x.to(dt)
+        tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    d = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(d * d, axis=0) / n_cols
+    y = d * tl.rsqrt(var + eps) * tl.load(w_ptr + cols, mask=mask, other=1.0).to(tl.float32)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
+    if QUANT:  # also the fp8 rows of the rounded output (quant.quantize_reference's rule)
+        _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y.to(dt).to(tl.float32))
+
+@triton.jit
+def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, n_cols, eps,
+                   HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        s = (x + tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
+        x = s.to(tl.float32)  # HF normalizes the rounded sum
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:  # Gemma: x · (1 + w) in fp32, rounded once
+        y = x * rstd * (1.0 + w)
+    else:  # Llama/Qwen: the normed row is rounded before the weight multiply
+        y = (x * rstd).to(dt).to(tl.float32) * w
+    if QUANT:  # only the fp8 rows: the next GEMM is their one reader
+        _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y.to(dt).to(tl.float32))
+    else:
+        tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
+
+@triton.jit
+def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
+                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    mask = (heads < n_heads) & (cols < HALF)
+    dt = qkv_ptr.dtype.element_ty
+    ptr = qkv_ptr + t * row_stride + heads * (2 * HALF) + cols
+    x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w = w_ptr + (heads >= n_q_heads).to(tl.int32) * (2 * HALF) + cols  # row 0: q_norm, row 1: k_norm
+        w1, w2 = tl.load(w).to(tl.float32), tl.load(w + HALF).to(tl.float32)
+        if UNIT_OFFSET:  # Gemma's (1 + w), in fp32 before the one rounding
+            y1 = (x1 * rstd * (1.0 + w1)).to(dt).to(tl.float32)
+            y2 = (x2 * rstd * (1.0 + w2)).to(dt).to(tl.float32)
+        else:
+            y1 = ((x1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            y2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    else:  # Qwen2, Mistral: rotary only
+        y1, y2 = x1, x2
+    c = tl.load(cos_ptr + t * HALF + cols)
+    s = tl.load(sin_ptr + t * HALF + cols)
+    tl.store(ptr, (y1 * c - y2 * s).to(dt), mask=mask)  # in place: this program read its token already
+    tl.store(ptr + HALF, (y2 * c + y1 * s).to(dt), mask=mask)
+
+@triton.jit
+def _act(g, ACT: tl.constexpr):
+    # ACT: 0 identity, 1 SiLU, 2 tanh-GELU, 3 erf-GELU, 4 ReLU; fp32 in, fp32 out
+    if ACT == 1:
+        a = g / (1.0 + tl.exp(-g))
+    elif ACT == 2:  # 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))); tanh(z) = 1 − 2/(1 + e^{2z})
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        a = 0.5 * g * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * z)))
+    elif ACT == 3:  # exact GELU: 0.5·g·(1 + erf(g/√2))
+        a = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    elif ACT == 4:
+        a = tl.maximum(g, 0.0)
+    else:
+        a = g
+    return a
+
+
+@triton.jit
+def gated_act_kernel(gu_ptr, out_ptr, n_cols, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dt = out_ptr.dtype.element_ty
+    g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    a = _act(g, ACT).to(dt).to(tl.float32)  # HF rounds the activation first
+    tl.store(out_ptr + row * n_cols + cols, (a * u).to(dt), mask=mask)
+
+
+@triton.jit
+def act_quant_kernel(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, ACT: tl.constexpr, GATED: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    # One program per whole row (the scale needs its amax). GATED: the row holds [gate | up]
+    # (2·n_cols) and the output is act(gate) · up, rounded as gated_act_kernel rounds it.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dt = x_ptr.dtype.element_ty
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    a = _act(g, ACT).to(dt).to(tl.float32)
+    if GATED:
+        u = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        a = (a * u).to(dt).to(tl.float32)
+    _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, a)

@@ -1,0 +1,141 @@
+"""fp8 (e4m3) linear layers: weights quantized at load, activations quantized per token by the
+kernel that produces them (``--quantization fp8``).
+
+The scheme (the "dynamic per-token activations, per-channel weights" FP8 recipe of vLLM's
+``fp8`` / ``FBGEMM_FP8`` and of ``torch._scaled_mm``'s row-wise mode):
+
+- weight W [N, K] → Wq [N, K] float8_e4m3fn and a scale per output channel s_w [1, N] float32,
+  s_w[n] = max_k |W[n, k]| / 448 (448: e4m3's largest finite value), Wq = W / s_w. Computed from
+  the bf16/fp32 checkpoint at load (``Fp8Weight.quantize``).
+- activation x [T, K] → xq [T, K] e4m3 and s_x [T, 1] float32 the same way per row (token), at run
+  time. The norm / activation kernel that writes x writes xq and s_x instead (ops.add_rms_norm,
+  ops.add_layer_norm, ``act_quant``), so no separate cast pass reads x again; only the attention
+  output (written by FlashAttention / cuDNN) is quantized by a pass of its own (``quantize_rows``).
+- y = (xq · Wqᵀ) · s_x · s_w + bias: one ``torch._scaled_mm`` call (row-wise scales, bias and the
+  bf16 output in its epilogue; cuBLASLt / CUTLASS on Hopper, a reference kernel on the CPU).
+
+What stays in the model dtype, and why: embeddings, norms, rotary, attention (its inputs come
+straight from the qkv GEMM; fp8 attention would need its own kernel and scales), pooling and
+every head (a few rows per sequence: no time to win). Only the four matmuls of each layer (qkv,
+attention output, MLP up/gate, MLP down: ~all weight bytes and FLOPs) run in fp8.
+
+Rounding order follows the bf16 path: the kernels round to the model dtype where HF does (the
+normed row, the activation), then quantize that rounded value, as ``quantize_rows`` would.
+
+What this module does not own: when a forward pass uses fp8 (the layers ask
+``Projection.use_fp8(T)``; small batches stay bf16, see ``FP8_MIN_TOKENS`` in config.py) or the
+load-time accuracy check (engine.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+from bouquet.engine.ops import FP8, FP8_MAX, QRows, TINY
+
+
+@dataclass
+class Fp8Weight:
+    """weight [N, K] float8_e4m3fn (row-major: its transpose is the column-major operand
+    ``_scaled_mm`` wants), scale [1, N] float32 per output channel."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> "Fp8Weight":
+        """w [N, K] float → per-channel e4m3 (amax / 448 per row of w)."""
+        wf = w.detach().float()
+        scale = wf.abs().amax(dim=1, keepdim=True).clamp(min=TINY) / FP8_MAX  # [N, 1]
+        return cls((wf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).contiguous(), scale.t().contiguous())
+
+
+class Projection:
+    """One linear layer as the engine runs it: ``weight`` [N, K] and ``bias`` [N] | None in the
+    model dtype, plus an ``Fp8Weight`` once ``quantize`` ran. Called with model-dtype rows it is
+    ``F.linear``; called with ``QRows`` it is the fp8 GEMM. Output [T, N] in the model dtype.
+
+    Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
+    they came from; this holds views of them."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.fp8: Fp8Weight | None = None
+        self.fp8_min_tokens: int | None = None
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "Projection":
+        return cls(linear.weight, linear.bias)
+
+    def quantize(self, min_tokens: int) -> None:
+        """Build the fp8 weights; forward passes of at least ``min_tokens`` tokens use them."""
+        self.fp8 = Fp8Weight.quantize(self.weight)
+        self.fp8_min_tokens = min_tokens
+
+    def use_fp8(self, tokens: int) -> bool:
+        """Whether a forward pass of ``tokens`` (static per CUDA-graph bucket) runs this in fp8."""
+        return self.fp8_min_tokens is not None and tokens >= self.fp8_min_tokens
+
+    def __call__(self, x: "torch.Tensor | QRows") -> torch.Tensor:
+        if not isinstance(x, QRows):
+            return F.linear(x, self.weight, self.bias)
+        assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
+        out_dtype = self.weight.dtype
+        # _scaled_mm's row-wise mode wants bf16 output on CUDA; fp32 models (CPU) get fp32
+        return torch._scaled_mm(x.values, self.fp8.weight.t(), scale_a=x.scale, scale_b=self.fp8.scale,
+                                bias=self.bias, out_dtype=out_dtype)
+
+
+def projections(model: nn.Module) -> Iterable[Projection]:
+    """Every Projection the model's layers hold (modules with a ``projections()`` method)."""
+    for m in model.modules():
+        fn = getattr(m, "projections", None)
+        if callable(fn):
+            yield from fn()
+
+
+def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int) -> int:
+    """Quantize every Projection of ``model`` (after ``fuse``); steps of ``min_tokens`` tokens or
+    more then run them in fp8. Returns how many were quantized.
+
+    Raises ValueError when the model has none (an architecture without an fp8 path), when a
+    matmul's sizes are not multiples of 16 (``_scaled_mm``'s rule), or on a CUDA device without
+    fp8 tensor cores (compute capability below 8.9: Ada, Hopper and later have them). On the CPU
+    the same numbers come from PyTorch's reference kernels, without any speed-up."""
+    projs = list(projections(model))
+    if not projs:
+        raise ValueError(f"--quantization fp8 is not supported for {type(model).__name__}: "
+                         "only the BERT-family encoders and the decoders have an fp8 path")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(f"--quantization fp8 needs fp8 tensor cores (compute capability 8.9+); {name} has "
+                         f"{torch.cuda.get_device_capability(device)}")
+    for p in projs:
+        n, k = p.weight.shape
+        if n % 16 or k % 16:
+            raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
+    for p in projs:
+        p.quantize(min_tokens)
+    return len(projs)
+
+
+def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None) -> None:
+    """Move the fp8 threshold of every quantized Projection (None: never fp8); for the load check."""
+    for p in projections(model):
+        if p.fp8 is not None:
+            p.fp8_min_tokens = min_tokens
+
+
+def output_cosines(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    """Agreement of two [B, D] float outputs, as a float64 array: per-row cosine when D ≥ 8 (embeddings),
+    else per-column cosine over the batch (a scorer's logits)."""
+    x, y = a.double().cpu(), b.double().cpu()
+    if x.shape[1] < 8:
+        x, y = x.t(), y.t()
+    return F.cosine_similarity(x, y, dim=1, eps=1e-30).numpy()

@@ -1,0 +1,103 @@
+"""fp8 on the GPU: each quantizing Triton kernel against ``ops.quantize_reference`` of the bf16
+path's output, the fp8 GEMM against a dequantized fp32 matmul, and whole models in fp8: close to
+bf16, CUDA-graph replay == eager for fp8 buckets (fp8 tensor cores: compute capability 8.9+)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs fp8 tensor cores")]
+
+
+def _same_fp8(got, want_rows: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+    """QRows ``got`` == quantize_reference(want_rows): scales to fp32 rounding, values to one e4m3
+    step on at most 0.1% of entries (fp32 division order)."""
+    from bouquet.engine.ops import quantize_reference
+
+    q, s = quantize_reference(want_rows)
+    torch.testing.assert_close(got.scale, s, rtol=1e-6, atol=0)
+    a, b = got.values.float(), q.float()
+    assert (a != b).float().mean() < 1e-3
+    torch.testing.assert_close(a, b, rtol=0.07, atol=2.0 ** -9)
+
+
+@pytest.mark.parametrize("T", [1, 130, 4096])
+def test_norm_kernels_write_the_reference_fp8_rows(T: int) -> None:
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import add_layer_norm, add_rms_norm
+
+    for unit in (False, True):
+        norm = RMSNorm(1024, 1e-6, unit).to("cuda", torch.bfloat16)
+        torch.nn.init.normal_(norm.weight)
+        x, r = (torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        (q, s), (want, s_ref) = add_rms_norm(x, r, norm, fp8=True), add_rms_norm(x, r, norm)
+        assert torch.equal(s, s_ref)
+        _same_fp8(q, want)
+    ln = torch.nn.LayerNorm(768, eps=1e-12, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+    x, r = (torch.randn(T, 768, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    got, want = add_layer_norm(x, r, ln, fp8=True), add_layer_norm(x, r, ln)
+    assert torch.equal(got.dense, want)
+    _same_fp8(got, want)
+
+
+@pytest.mark.parametrize("T", [1, 130, 4096])
+def test_activation_kernels_write_the_reference_fp8_rows(T: int) -> None:
+    from bouquet.engine.ops import act_quant, gelu_tanh_mul, quantize_rows, silu_mul
+
+    gu = torch.randn(T, 2 * 3072, device="cuda", dtype=torch.bfloat16) * 3
+    _same_fp8(silu_mul(gu, fp8=True), silu_mul(gu))
+    _same_fp8(gelu_tanh_mul(gu, fp8=True), gelu_tanh_mul(gu))
+    x = gu[:, :3072].contiguous()
+    _same_fp8(quantize_rows(x), x)
+    _same_fp8(act_quant(x, "gelu"), torch.nn.functional.gelu(x))
+    _same_fp8(act_quant(x, "relu"), torch.relu(x))
+
+
+def test_fp8_gemm_equals_the_dequantized_matmul() -> None:
+    from bouquet.engine.ops import quantize_rows
+    from bouquet.engine.quant import Projection
+
+    w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16) * 0.05
+    b = torch.randn(2304, device="cuda", dtype=torch.bfloat16)
+    p = Projection(w, b)
+    p.quantize(0)
+    assert p.fp8 is not None
+    for T in (1, 100, 5000):
+        xq = quantize_rows(torch.randn(T, 768, device="cuda", dtype=torch.bfloat16))
+        want = (xq.values.float() * xq.scale) @ (p.fp8.weight.float() * p.fp8.scale.t()).t() + b.float()
+        torch.testing.assert_close(p(xq).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny"])
+def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, shape: str) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir, tiny
+    from bouquet.config import FP8_MIN_TOKENS
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+    from tests.test_gpu_fastpath import _tokenizer
+
+    s = tiny(SHAPES["qwen3-0.6b"], hidden=128) if shape == "qwen3-tiny" else SHAPES[shape]
+    spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
+    eng = Engine(spec, "cuda", graphs=GraphOptions(debug=True), quantization="fp8", fp8_min_cosine=0.0)
+    ref = Engine(spec, "cuda", graphs=GraphOptions(enabled=False))
+    rng = np.random.default_rng(0)
+    for lengths in ([128] * 12, list(rng.integers(16, 257, size=12)), [7, 300]):
+        batch = Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
+        rows = [eng.step(batch).wait() for _ in range(3)]  # eager, capture + replay, replay
+        want = eng.forward(batch).cpu().numpy()
+        for r in rows:
+            np.testing.assert_allclose(r, want, atol=1e-2, rtol=1e-2)
+        bf16 = ref.forward(batch).cpu().numpy()
+        cos = (want * bf16).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(bf16, axis=1)
+        if batch.num_tokens >= FP8_MIN_TOKENS:
+            assert cos.min() > 0.98 and not np.array_equal(want, bf16)
+        else:  # small steps keep the bf16 weights: the bf16 engine's rows exactly
+            np.testing.assert_array_equal(want, bf16)
+    assert eng.graph_captures == 3
