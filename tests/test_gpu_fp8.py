@@ -14,15 +14,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 
 def _same_fp8(got, want_rows: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
-    """QRows ``got`` == quantize_reference(want_rows): scales to fp32 rounding, values to one e4m3
-    step on at most 0.1% of entries (fp32 division order)."""
+    """QRows ``got`` == quantize_reference(want_rows): scales to fp32 rounding; values equal but for
+    at most 0.1% of entries, each within one e4m3 step (1/8 relative: an input one bf16 step
+    apart, or fp32 division order, can round to the next fp8 value)."""
     from bouquet.engine.ops import quantize_reference
 
     q, s = quantize_reference(want_rows)
     torch.testing.assert_close(got.scale, s, rtol=1e-6, atol=0)
     a, b = got.values.float(), q.float()
     assert (a != b).float().mean() < 1e-3
-    torch.testing.assert_close(a, b, rtol=0.07, atol=2.0 ** -9)
+    torch.testing.assert_close(a, b, rtol=0.13, atol=2.0 ** -8)
 
 
 @pytest.mark.parametrize("T", [1, 130, 4096])
@@ -98,6 +99,6 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
         cos = (want * bf16).sum(1) / np.linalg.norm(want, axis=1) / np.linalg.norm(bf16, axis=1)
         if batch.num_tokens >= FP8_MIN_TOKENS:
             assert cos.min() > 0.98 and not np.array_equal(want, bf16)
-        else:  # small steps keep the bf16 weights: the bf16 engine's rows exactly
-            np.testing.assert_array_equal(want, bf16)
+        else:  # small steps keep the bf16 weights: the bf16 engine's rows (to float32 rounding)
+            np.testing.assert_allclose(want, bf16, atol=1e-6, rtol=1e-6)
     assert eng.graph_captures == 3

@@ -64,14 +64,15 @@ class Projection:
     Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
     they came from; this holds views of them."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> None:
         self.weight, self.bias = weight, bias
+        self.kind = kind  # one of KINDS: which matmul of the layer this is
         self.fp8: Fp8Weight | None = None
         self.fp8_min_tokens: int | None = None
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> "Projection":
-        return cls(linear.weight, linear.bias)
+    def of(cls, linear: nn.Linear, kind: str) -> "Projection":
+        return cls(linear.weight, linear.bias, kind)
 
     def quantize(self, min_tokens: int) -> None:
         """Build the fp8 weights; forward passes of at least ``min_tokens`` tokens use them."""
@@ -100,9 +101,12 @@ def projections(model: nn.Module) -> Iterable[Projection]:
             yield from fn()
 
 
-def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int) -> int:
-    """Quantize every Projection of ``model`` (after ``fuse``); steps of ``min_tokens`` tokens or
-    more then run them in fp8. Returns how many were quantized.
+KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output, MLP in (gate + up), MLP out
+
+
+def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] = KINDS) -> int:
+    """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds``; steps of
+    ``min_tokens`` tokens or more then run them in fp8. Returns how many were quantized.
 
     Raises ValueError when the model has none (an architecture without an fp8 path), when a
     matmul's sizes are not multiples of 16 (``_scaled_mm``'s rule), or on a CUDA device without
@@ -120,15 +124,17 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int) -> int:
         n, k = p.weight.shape
         if n % 16 or k % 16:
             raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
-    for p in projs:
+    chosen = [p for p in projs if p.kind in kinds]
+    for p in chosen:
         p.quantize(min_tokens)
-    return len(projs)
+    return len(chosen)
 
 
-def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None) -> None:
-    """Move the fp8 threshold of every quantized Projection (None: never fp8); for the load check."""
+def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None, kinds: tuple[str, ...] = KINDS) -> None:
+    """Move the fp8 threshold of the quantized Projections of these kinds (None: never fp8); for
+    the load check and the probes."""
     for p in projections(model):
-        if p.fp8 is not None:
+        if p.fp8 is not None and p.kind in kinds:
             p.fp8_min_tokens = min_tokens
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
@@ -99,8 +98,8 @@ class PostNormLayer(nn.Module):
         self.p = self.parts()
         w, b = fuse_linears(self.p.q, self.p.k, self.p.v)
         assert b is not None  # these encoders' projections always carry biases
-        self.qkv = Projection(w, b)
-        self.o, self.up, self.down = Projection.of(self.p.o), Projection.of(self.p.up), Projection.of(self.p.down)
+        self.qkv = Projection(w, b, "qkv")
+        self.o, self.up, self.down = (Projection.of(m, k) for m, k in ((self.p.o, "o"), (self.p.up, "up"), (self.p.down, "down")))
 
     def projections(self) -> list[Projection]:
         return [self.qkv, self.o, self.up, self.down]
@@ -110,23 +109,28 @@ class PostNormLayer(nn.Module):
         """x [T, hidden] → [T, hidden] in the model dtype; ``bias`` [H, L, L]: an additive score
         bias by in-sequence positions (MPNet's relative positions; ``AttentionBackend.attend``).
 
-        fp8 (quant.py; batches of at least ``fp8_min_tokens``): the output is QRows whose
-        ``dense`` is the model-dtype output, so the next layer's qkv GEMM reads the fp8 rows the
-        last norm kernel wrote; a model-dtype input is quantized here (the first layer's)."""
+        fp8 (quant.py): each kernel that writes a matmul's input writes it in fp8 when that
+        matmul runs in fp8 for this step's size. The output is then QRows whose ``dense`` is the
+        model-dtype output, so the next layer's qkv GEMM reads the fp8 rows the last norm kernel
+        wrote; a model-dtype input is quantized here (the first layer's)."""
         T, h = x.shape
         p = self.p
-        fp8 = self.qkv.use_fp8(T)
-        if fp8 and not isinstance(x, QRows):
+        if self.qkv.use_fp8(T) and not isinstance(x, QRows):
             x = replace(quantize_rows(x), dense=x)
+        elif not self.qkv.use_fp8(T):
+            x = dense_rows(x)
         q, k, v = self.qkv(x).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
         a = attn.attend(q, k, v, meta, bias=bias).reshape(T, h)  # [T, hidden]
-        res = dense_rows(x)
-        x = add_layer_norm(self.o(quantize_rows(a) if fp8 else a), res, p.attn_norm, fp8)  # one fused kernel on CUDA
-        if fp8:  # up GEMM (bias in its epilogue), then GELU and the fp8 cast in one kernel
-            y = self.down(act_quant(self.up(x), FP8_ACTS[self.act_name]))
+        a = quantize_rows(a) if self.o.use_fp8(T) else a  # FlashAttention / cuDNN write bf16: one cast pass
+        x = add_layer_norm(self.o(a), dense_rows(x), p.attn_norm, self.up.use_fp8(T))  # one fused kernel on CUDA
+        down8 = self.down.use_fp8(T)
+        if self.up.use_fp8(T):  # up GEMM (bias in its epilogue), then the activation and the fp8 cast in one kernel
+            u = self.up(x)
+            g = act_quant(u, FP8_ACTS[self.act_name]) if down8 else activation(self.act_name)(u)
         else:
-            y = self.down(linear_gelu(x, p.up, self.act_name))  # [T, hidden]
-        return add_layer_norm(y, dense_rows(x), p.out_norm, fp8)
+            g = linear_gelu(dense_rows(x), p.up, self.act_name)  # [T, intermediate]
+            g = quantize_rows(g) if down8 else g
+        return add_layer_norm(self.down(g), dense_rows(x), p.out_norm, self.qkv.use_fp8(T))
 
 
 def modules(**children: nn.Module) -> nn.ModuleDict:

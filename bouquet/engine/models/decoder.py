@@ -116,8 +116,8 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
 
     def fuse(self) -> None:
-        self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj))
-        self.o = Projection.of(self.o_proj)
+        self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
+        self.o = Projection.of(self.o_proj, "o")
         self.qk_weight = None
         if self.q_norm is not None and self.q_scale != 1.0:
             # q · c with the default scale equals q with scale c·head_dim**-0.5: scale the norm's
@@ -136,7 +136,7 @@ class DecoderAttention(nn.Module):
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
                                self.head_dim, self.qk_weight)
         a = attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim)
-        return self.o(quantize_rows(a) if isinstance(x, QRows) else a)  # FlashAttention writes bf16: one cast pass
+        return self.o(quantize_rows(a) if self.o.use_fp8(T) else a)  # FlashAttention writes bf16: one cast pass
 
 
 class DecoderMLP(nn.Module):
@@ -152,12 +152,13 @@ class DecoderMLP(nn.Module):
         self.act_mul = gelu_tanh_mul if f.gelu else silu_mul
 
     def fuse(self) -> None:
-        self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None)
-        self.down = Projection.of(self.down_proj)
+        self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None, "up")
+        self.down = Projection.of(self.down_proj, "down")
 
     def forward(self, x: "torch.Tensor | QRows") -> torch.Tensor:
-        """x [T, hidden] → [T, hidden]; with QRows in, the activation kernel quantizes for down."""
-        return self.down(self.act_mul(self.gate_up(x), isinstance(x, QRows)))  # gate_up [T, 2i]
+        """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden]; the activation kernel
+        writes fp8 rows when down runs in fp8."""
+        return self.down(self.act_mul(self.gate_up(x), self.down.use_fp8(x.shape[0])))  # gate_up [T, 2i]
 
 
 class DecoderLayer(nn.Module):
@@ -189,14 +190,15 @@ class DecoderLayer(nn.Module):
         The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);
         the sums are the same values HF's ``residual + hidden_states`` produces. In fp8 (quant.py)
         the norms before a GEMM write its fp8 rows directly."""
-        fp8 = self.self_attn.qkv.use_fp8(x.shape[0])
-        h, residual = add_rms_norm(x, residual, self.input_layernorm, fp8)
+        T = x.shape[0]
+        h, residual = add_rms_norm(x, residual, self.input_layernorm, self.self_attn.qkv.use_fp8(T))
         h = self.self_attn(h, cos, sin, attn, meta, self.window)
+        mlp8 = self.mlp.gate_up.use_fp8(T)
         if not self.sandwich:
-            h, residual = add_rms_norm(h, residual, self.post_attention_layernorm, fp8)
+            h, residual = add_rms_norm(h, residual, self.post_attention_layernorm, mlp8)
             return self.mlp(h), residual
         h = add_rms_norm(h, None, self.post_attention_layernorm)[0]
-        h, residual = add_rms_norm(h, residual, self.pre_feedforward_layernorm, fp8)
+        h, residual = add_rms_norm(h, residual, self.pre_feedforward_layernorm, mlp8)
         return add_rms_norm(self.mlp(h), None, self.post_feedforward_layernorm)[0], residual
 
 
