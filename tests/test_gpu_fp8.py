@@ -66,7 +66,7 @@ def test_fp8_gemm_equals_the_dequantized_matmul() -> None:
 
     w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     b = torch.randn(2304, device="cuda", dtype=torch.bfloat16)
-    p = Projection(w, b)
+    p = Projection(w, b, "qkv")
     p.quantize(0)
     assert p.fp8 is not None
     for T in (1, 100, 5000):

@@ -29,7 +29,7 @@ from bouquet.engine.contract import EngineInfo
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
-from bouquet.engine.quant import enable_fp8, output_cosines, set_fp8_min_tokens
+from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
@@ -171,10 +171,11 @@ class Engine:
             ref = self.forward(batch)
             set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
         cos = output_cosines(fp8, ref)
-        log.info("quantization: fp8 e4m3 for %d matmuls (qkv, attention output, MLP in and out of every layer; "
-                 "per-channel weight and per-token activation scales); bf16 for embeddings, norms, attention, "
-                 "pooling and heads, and for steps under %d tokens; probe batch cosine vs bf16 min %.5f mean %.5f",
-                 n, FP8_MIN_TOKENS, cos.min(), cos.mean())
+        kinds = sorted({p.kind for p in projections(self.model) if p.fp8 is not None})
+        log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer; per-channel weight and per-token "
+                 "activation scales); bf16 for the other matmuls, embeddings, norms, attention, pooling and heads, "
+                 "and for steps under %d tokens; probe batch cosine vs bf16 min %.5f mean %.5f",
+                 n, "+".join(kinds), FP8_MIN_TOKENS, cos.min(), cos.mean())
         self.fp8_cosine = (float(cos.min()), float(cos.mean()))
         if not np.isfinite(cos).all() or cos.min() < min_cosine:
             raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "

@@ -93,20 +93,22 @@ class Projection:
                                 bias=self.bias, out_dtype=out_dtype)
 
 
-def projections(model: nn.Module) -> Iterable[Projection]:
-    """Every Projection the model's layers hold (modules with a ``projections()`` method)."""
+def projections(model: nn.Module, defaults_only: bool = False) -> Iterable[Projection]:
+    """Every Projection the model's layers hold (modules with a ``projections()`` method); with
+    ``defaults_only`` the kinds each layer class runs in fp8 by default (its ``FP8_KINDS``)."""
     for m in model.modules():
         fn = getattr(m, "projections", None)
         if callable(fn):
-            yield from fn()
+            yield from (p for p in fn() if not defaults_only or p.kind in m.FP8_KINDS)
 
 
 KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output, MLP in (gate + up), MLP out
 
 
-def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] = KINDS) -> int:
-    """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds``; steps of
-    ``min_tokens`` tokens or more then run them in fp8. Returns how many were quantized.
+def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] | None = None) -> int:
+    """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds`` (None: each
+    layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more then run them in fp8.
+    Returns how many were quantized.
 
     Raises ValueError when the model has none (an architecture without an fp8 path), when a
     matmul's sizes are not multiples of 16 (``_scaled_mm``'s rule), or on a CUDA device without
@@ -124,7 +126,7 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
         n, k = p.weight.shape
         if n % 16 or k % 16:
             raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
-    chosen = [p for p in projs if p.kind in kinds]
+    chosen = list(projections(model, defaults_only=True)) if kinds is None else [p for p in projs if p.kind in kinds]
     for p in chosen:
         p.quantize(min_tokens)
     return len(chosen)
