@@ -18,6 +18,11 @@ Both take (rows, residual, norm module) in that order.
   most ~5e-4 (absolute), under one bf16 rounding step for any activation above 0.06 in size, so
   it is used only for fp16/bf16 on CUDA; fp32 and the CPU keep the exact erf form.
 
+fp8 (``--quantization fp8``, quant.py): ``add_rms_norm``, ``add_layer_norm``, ``silu_mul`` and
+``gelu_tanh_mul`` take ``fp8=True`` to write their output as ``QRows`` (e4m3 values and one float32
+scale per row, amax / 448) from the same kernel; ``act_quant`` / ``quantize_rows`` do it for other
+activations and for rows written elsewhere (attention output). ``quantize_reference`` is the rule.
+
 Why: unfused, a Qwen3 forward pass at batch 1 is mostly small elementwise kernels (fp32 RMSNorm,
 rotary and the SiLU gate as separate passes; counted in bench/results/h200-2026-11-29-final/
 README.md), so the replay time is mostly their launch latency, and at large batches each is a
