@@ -24,7 +24,7 @@ from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_mod
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
 log = logging.getLogger("bouquet.bench")
-SYSTEMS = ("engine", "engine-fp8", "grpc", "http", "http-noop", "openai", "transformers")
+SYSTEMS = ("engine", "engine-fp8", "grpc", "http", "http-fp8", "http-noop", "openai", "transformers")
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,18 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system == "engine-fp8" else "none")
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
-    if system in ("grpc", "http", "http-noop"):
+    if system in ("grpc", "http", "http-noop", "http-fp8"):
         given = opts.grpc_address if system == "grpc" else opts.http_url if system == "http" else None
         if given is None:  # start our own and watch it while it loads
             servers.append(ServerProcess("grpc" if system == "grpc" else "http", model_dir, opts.device,
                                          gateway_workers=opts.gateway_workers, replicas_per_gpu=opts.replicas_per_gpu,
-                                         engine="noop" if system == "http-noop" else "torch"))
+                                         engine="noop" if system == "http-noop" else "torch",
+                                         quantization="fp8" if system == "http-fp8" else "none"))
         address = given or servers[-1].address
         remote: GrpcTarget | HttpTarget = (GrpcTarget(address) if system == "grpc" else
                                            HttpTarget(address, name="bouquet-" + system))
+        if system == "http-fp8":
+            remote.tolerance = 0.01  # the fp8 bar for random weights, as engine-fp8's
         remote.wait_ready(300, servers[-1].check if servers else lambda: None)
         return remote
     if system == "openai":

@@ -241,14 +241,16 @@ class ServerProcess:
     Raises RuntimeError with the log's tail when it exits before becoming ready."""
 
     def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None,
-                 gateway_workers: int = 1, engine: str = "torch", replicas_per_gpu: int = 1) -> None:
+                 gateway_workers: int = 1, engine: str = "torch", replicas_per_gpu: int = 1,
+                 quantization: str = "none") -> None:
         from bouquet.config import ServeConfig
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
         self.log = open(self.tmp / "server.log", "wb")
         env = {**os.environ, **(extra_env or {})}
         if kind == "grpc":
-            cfg = ServeConfig(model=str(model_dir), device=device, engine=engine).validate()  # type: ignore[arg-type]
+            cfg = ServeConfig(model=str(model_dir), device=device, engine=engine,  # type: ignore[arg-type]
+                              quantization=quantization).validate()  # type: ignore[arg-type]
             port_file = self.tmp / "port"
             cmd = [sys.executable, "-m", "bouquet.server", "--config", cfg.to_json(), "--port-file", str(port_file)]
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -264,7 +266,7 @@ class ServerProcess:
                 port = s.getsockname()[1]
             cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--device", device,
                    "--port", str(port), "--log-level", "warning", "--gateway-workers", str(gateway_workers),
-                   "--engine", engine, "--replicas-per-gpu", str(replicas_per_gpu),
+                   "--engine", engine, "--replicas-per-gpu", str(replicas_per_gpu), "--quantization", quantization,
                    "--max-request-bytes", str(256 * 1024 * 1024)]  # benchmark 3 sends 100 × 4,096 ids as JSON
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             self.address = f"http://127.0.0.1:{port}"
