@@ -1,0 +1,343 @@
+"""Issue 14, items 2 and 3, measured before building: small-M GEMMs and ragged attention.
+
+    python bench/probes/issue14_probe.py OUT.json [--parts gemm attn step]
+
+``gemm``: every linear of a model shape (distinct weights per layer, so weights stream from HBM
+as in a forward pass) inside one CUDA graph per (shape, M): cuBLAS as torch picks it
+(``F.linear``), cuBLASLt preferred (``torch.backends.cuda.preferred_blas_library``), and a
+split-K Triton GEMM (``small_gemm``) over a grid of tile configurations, with and without the
+partial-sum reduction. Reports ms per layer stack and weight TB/s.
+
+``attn``: attention alone for 100 sequences of 16–512 tokens (arrival order, seed 0) and the same
+token count at one uniform length, Qwen3-0.6B heads (16 q / 8 kv × 128, causal) and bge-base
+heads (12 × 64): FlashAttention-2 varlen (what runs), cuDNN's ragged SDPA
+(``aten._cudnn_attention_forward`` with cumulative offsets, the nested-tensor path), the
+memory-efficient kernel's varlen form, cuDNN on a padded [B, L_max] copy, and cuDNN on the uniform
+batch; outputs compared with varlen; cuDNN ragged also under CUDA-graph replay with other offsets.
+
+``step``: one eager engine step of the mixed batch and of a uniform batch with the same tokens:
+GPU ms split into GEMM / attention / Triton / other kernels (torch.profiler).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+SHAPES = {  # (N, K) of qkv, o, up(+gate), down; layers
+    "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),
+    "bge-base": ([(2304, 768), (768, 768), (3072, 768), (768, 3072)], 12),
+}
+
+
+@triton.jit
+def small_gemm(x_ptr, w_ptr, y_ptr, M, N, K, k_split, stride_ys,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # y[s] = x[:, ks] @ w[:, ks]ᵀ over the s-th K slice (ks = [s·k_split, (s+1)·k_split)), x [M, K]
+    # and w [N, K] row-major; k_split is a multiple of BK. Program (m, n, s): one BM × BN tile.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = pid_s * k_split + tl.arange(0, BK)
+    xp = x_ptr + rm[:, None].to(tl.int64) * K + rk[None, :]
+    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, k_split, BK):
+        a = tl.load(xp, mask=rm[:, None] < M, other=0.0)
+        b = tl.load(wp, mask=rn[:, None] < N, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        xp += BK
+        wp += BK
+    out = y_ptr + pid_s * stride_ys + rm[:, None].to(tl.int64) * N + rn[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def sum_partials(p_ptr, y_ptr, n, S: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(S):
+        acc += tl.load(p_ptr + s * n + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int, int, int, int],
+                  part: torch.Tensor | None, y: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+    """x [M, K] bf16 @ w [N, K]ᵀ → y [M, N] bf16 with ``cfg`` = (BM, BN, BK, split, warps, stages);
+    split > 1 writes fp32 partials into ``part`` [split, M, N], then sums them (``reduce``)."""
+    BM, BN, BK, S, warps, stages = cfg
+    M, K = x.shape
+    N = w.shape[0]
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), S)
+    dst = y if S == 1 else part
+    small_gemm[grid](x, w, dst, M, N, K, K // S, M * N, BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)
+    if S > 1 and reduce:
+        sum_partials[(triton.cdiv(M * N, 1024),)](part, y, M * N, S=S, BLOCK=1024)
+    return y
+
+
+def graph_ms(fn: Callable[[], None], reps: int = 20, rounds: int = 5) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(rounds):
+        a.record()
+        for _ in range(reps):
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return sorted(times)[len(times) // 2]
+
+
+CONFIGS = [(bm, bn, bk, s, w, st) for (bm, bn, bk, w, st) in
+           [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
+            (64, 128, 64, 4, 4), (64, 128, 128, 4, 3), (128, 64, 128, 4, 3), (128, 128, 64, 8, 3),
+            (128, 128, 128, 8, 3), (64, 64, 256, 4, 3)]
+           for s in (1, 2, 4, 8)]
+
+
+def gemm_part() -> list[dict]:
+    rows = []
+    for name, (mats, layers) in SHAPES.items():
+        ws = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for n, k in mats] for _ in range(layers)]
+        for M in (16, 128, 512):
+            for j, (n, k) in enumerate(mats):
+                x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
+                y = torch.empty(M, n, device="cuda", dtype=torch.bfloat16)
+                part = torch.empty(8, M, n, device="cuda", dtype=torch.float32)
+                ref = torch.nn.functional.linear(x, ws[0][j]).float()
+                row: dict = {"model": name, "M": M, "N": n, "K": k, "layers": layers}
+
+                def cublas() -> None:
+                    for lw in ws:
+                        torch.nn.functional.linear(x, lw[j])
+
+                row["cublas_ms"] = graph_ms(cublas)
+                torch.backends.cuda.preferred_blas_library("cublaslt")
+                row["cublaslt_ms"] = graph_ms(cublas)
+                torch.backends.cuda.preferred_blas_library("cublas")
+                best: tuple[float, tuple, float] | None = None
+                for cfg in CONFIGS:
+                    BM, BN, BK, S, _, _ = cfg
+                    if BM > max(16, triton.next_power_of_2(M)) or k % (S * BK):
+                        continue
+                    try:
+                        out = triton_linear(x, ws[0][j], cfg, part, y).float()
+                        err = float((out - ref).abs().max() / ref.abs().max())
+                        ms = graph_ms(lambda: [triton_linear(x, lw[j], cfg, part, y) for lw in ws], 10, 3)
+                        ms_nored = graph_ms(lambda: [triton_linear(x, lw[j], cfg, part, y, False) for lw in ws], 10, 3) if S > 1 else ms
+                    except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped, reported
+                        row.setdefault("errors", []).append(f"{cfg}: {str(e)[:120]}")
+                        continue
+                    if err > 2e-2:
+                        row.setdefault("errors", []).append(f"{cfg}: rel err {err:.3g}")
+                        continue
+                    if best is None or ms < best[0]:
+                        best = (ms, cfg, ms_nored)
+                    row.setdefault("all", {})[str(cfg)] = [round(ms, 4), round(ms_nored, 4)]
+                if best is not None:
+                    row["triton_ms"], row["triton_cfg"], row["triton_noreduce_ms"] = round(best[0], 4), best[1], round(best[2], 4)
+                wb = 2 * n * k * layers
+                for key in ("cublas", "cublaslt", "triton", "triton_noreduce"):
+                    if f"{key}_ms" in row:
+                        row[f"{key}_TBps"] = round(wb / row[f"{key}_ms"] / 1e9, 3)
+                print(json.dumps({kk: vv for kk, vv in row.items() if kk != "all"}), flush=True)
+                rows.append(row)
+        del ws
+        torch.cuda.empty_cache()
+    return rows
+
+
+def attn_part() -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.varlen import varlen_attn
+    import torch.nn.functional as F
+
+    R: dict = {}
+    rng = np.random.default_rng(0)
+    lens = rng.integers(16, 513, size=100)
+    for label, H, Hkv, D, causal in (("qwen3", 16, 8, 128, True), ("bge", 12, 12, 64, False)):
+        for case, ls in (("mixed", lens), ("uniform", np.full(100, int(lens.sum()) // 100)), ("L512", np.full(100, 512))):
+            T = int(ls.sum())
+            L = int(ls.max())
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(ls)]), device="cuda", dtype=torch.int32)
+            q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            kr, vr = (x.repeat_interleave(H // Hkv, dim=1) for x in (k, v))
+            flops = sum(4 * int(n) * int(n) * D * H for n in ls) / (2 if causal else 1)
+            size = (-1, 0) if causal else (-1, -1)
+            fns: dict[str, Callable[[], torch.Tensor]] = {
+                "varlen": lambda: varlen_attn(q, k, v, cu, cu, L, L, window_size=size),
+                "cudnn_ragged_gqa": lambda: torch.ops.aten._cudnn_attention_forward(
+                    q, k, v, None, cu, cu, L, L, False, 0.0, causal, False)[0],
+                "cudnn_ragged": lambda: torch.ops.aten._cudnn_attention_forward(
+                    q, kr, vr, None, cu, cu, L, L, False, 0.0, causal, False)[0],
+                "efficient_varlen": lambda: torch.ops.aten._efficient_attention_forward(
+                    q[None], kr[None], vr[None], None, cu, cu, L, L, 0.0, int(causal))[0][0],
+            }
+            if case != "mixed":
+                B = len(ls)
+
+                def uniform() -> torch.Tensor:
+                    qp, kp, vp = (x.view(B, L, x.shape[1], D).transpose(1, 2) for x in (q, k, v))
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                        o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=Hkv != H)
+                    return o.transpose(1, 2).reshape(T, H, D)
+                fns["cudnn_uniform"] = uniform
+            else:
+                B = len(ls)
+                rows = torch.tensor(np.concatenate([b * L + np.arange(n) for b, n in enumerate(ls)]), device="cuda")
+                key_pad = torch.arange(L, device="cuda")[None, :] < torch.tensor(ls, device="cuda")[:, None]
+                mask = key_pad[:, None, None, :]  # [B, 1, 1, L]
+
+                def padded() -> torch.Tensor:
+                    outs = []
+                    for x in (q, k, v):
+                        p = x.new_zeros(B * L, x.shape[1], D)
+                        p.index_copy_(0, rows, x)
+                        outs.append(p.view(B, L, x.shape[1], D).transpose(1, 2))
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                        if causal:
+                            o = F.scaled_dot_product_attention(*outs, is_causal=True, enable_gqa=Hkv != H)
+                        else:
+                            o = F.scaled_dot_product_attention(*outs, attn_mask=mask, enable_gqa=Hkv != H)
+                    return o.transpose(1, 2).reshape(B * L, H, D).index_select(0, rows)
+                fns["cudnn_padded"] = padded
+            ref = fns["varlen"]().float()
+            for name, fn in fns.items():
+                key = f"{label}_{case}_{name}"
+                try:
+                    out = fn().float()
+                    R[key + "_maxdiff"] = round(float((out - ref).abs().max()), 4)
+                    ms = graph_ms(fn) if name not in ("cudnn_padded",) else None
+                    from bench.probes.probe_kernels import gpu_ms
+                    eager = gpu_ms(fn, 20)
+                    R[key + "_ms"] = round(ms if ms is not None else eager, 4)
+                    R[key + "_eager_ms"] = round(eager, 4)
+                    R[key + "_TFLOPs"] = round(flops / (R[key + "_ms"] * 1e9), 1)
+                except Exception as e:  # noqa: BLE001 - the probe reports what is unsupported
+                    R[key + "_error"] = str(e)[:240]
+            if case == "mixed":  # cuDNN ragged under a graph: captured with these offsets, replayed with others
+                try:
+                    ls2 = np.random.default_rng(1).integers(16, 513, size=100)
+                    ls2[-1] += T - int(ls2.sum())
+                    if ls2[-1] < 1 or ls2.max() > L:
+                        raise ValueError("second offsets do not fit")
+                    cu2 = torch.tensor(np.concatenate([[0], np.cumsum(ls2)]), device="cuda", dtype=torch.int32)
+                    cu_static = cu.clone()
+                    g = torch.cuda.CUDAGraph()
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        torch.ops.aten._cudnn_attention_forward(q, kr, vr, None, cu_static, cu_static, L, L, False, 0.0, causal, False)
+                    torch.cuda.current_stream().wait_stream(s)
+                    with torch.cuda.graph(g):
+                        gout = torch.ops.aten._cudnn_attention_forward(q, kr, vr, None, cu_static, cu_static, L, L, False, 0.0, causal, False)[0]
+                    cu_static.copy_(cu2)
+                    g.replay()
+                    torch.cuda.synchronize()
+                    ref2 = varlen_attn(q, k, v, cu2, cu2, L, L, window_size=size).float()
+                    R[f"{label}_cudnn_ragged_graph_replay_other_offsets_maxdiff"] = round(float((gout.float() - ref2).abs().max()), 4)
+                except Exception as e:  # noqa: BLE001
+                    R[f"{label}_cudnn_ragged_graph_error"] = str(e)[:240]
+            print(json.dumps({k_: v_ for k_, v_ in R.items() if k_.startswith(f"{label}_{case}")}), flush=True)
+            del q, k, v, kr, vr
+    return R
+
+
+def classify(name: str) -> str:
+    n = name.lower()
+    if any(s in n for s in ("flash", "fmha", "attn", "attention", "cudnn", "sdpa")):
+        return "attention"
+    if any(s in n for s in ("gemm", "nvjet", "xmma", "cutlass", "splitk", "sm90_", "cublas")):
+        return "gemm"
+    if "kernel" in n and ("triton" in n or any(s in n for s in ("add_ln", "add_rms", "rope", "silu", "act_", "gelu", "quant", "pool"))):
+        return "triton"
+    return "other"
+
+
+def step_part(models_root: str) -> dict:
+    from bouquet.bench.models import SHAPES as MS, make_model_dir
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine
+    from bouquet.modelspec import load_spec
+    from bench.probes.probe_kernels import gpu_ms
+    from torch.profiler import ProfilerActivity, profile
+
+    R: dict = {}
+    rng = np.random.default_rng(0)
+    lens = rng.integers(16, 513, size=100)
+    for name in ("qwen3-0.6b", "bge-base"):
+        spec = load_spec(str(make_model_dir(MS[name], Path(models_root), None)))
+        eng = Engine(spec, "cuda", "bfloat16")
+        eng.warmup()
+        vocab = min(spec.vocab_size, 30000)
+        for case, ls in (("mixed", lens), ("uniform", np.full(100, int(lens.sum()) // 100))):
+            batch = Batch.pack([rng.integers(1000, vocab, size=int(n), dtype=np.int32) for n in ls])
+            fn = lambda: eng.forward(batch)  # noqa: E731
+            ms = gpu_ms(fn, 10)
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            cats: dict[str, float] = {}
+            top: dict[str, float] = {}
+            for e in prof.events():
+                if e.device_type.name != "CUDA" or "Memcpy" in e.name or "Memset" in e.name:
+                    continue
+                us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+                cats[classify(e.name)] = cats.get(classify(e.name), 0.0) + us / 1e3
+                top[e.name[:80]] = top.get(e.name[:80], 0.0) + us / 1e3
+            R[f"{name}_{case}"] = {"tokens": int(ls.sum()), "gpu_ms": round(ms, 3), "emb_per_s": round(100 / ms * 1e3, 1),
+                                   "by_kind_ms": {k: round(v, 3) for k, v in cats.items()},
+                                   "top": sorted(([k, round(v, 3)] for k, v in top.items()), key=lambda r: -r[1])[:12]}
+            print(name, case, json.dumps(R[f"{name}_{case}"]), flush=True)
+        del eng
+        torch.cuda.empty_cache()
+    return R
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--parts", nargs="+", default=["attn", "step", "gemm"])
+    ap.add_argument("--models-root", default="/tmp/models")
+    a = ap.parse_args()
+    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                 "cudnn": torch.backends.cudnn.version()}
+    for part in a.parts:
+        try:
+            res[part] = {"attn": attn_part, "gemm": gemm_part, "step": lambda: step_part(a.models_root)}[part]()
+        except Exception as e:  # noqa: BLE001 - keep the other parts' results
+            import traceback
+            res[part + "_error"] = traceback.format_exc()[-2000:]
+            print(res[part + "_error"], flush=True)
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
