@@ -280,6 +280,68 @@ def graph_part() -> dict:
     return R
 
 
+TRITON_CONFIGS = [(64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 8, 2),
+                  (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+                  (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (32, 64, 4, 3)]
+
+
+def triton_attn_part() -> dict:
+    """The Triton varlen kernel (attention.triton_varlen) over its tile configurations vs
+    FlashAttention-2 varlen and cuDNN on equal lengths, all inside CUDA graphs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.varlen import varlen_attn
+    import torch.nn.functional as F
+
+    from bouquet.engine.attention import triton_varlen
+
+    R: dict = {}
+    rng = np.random.default_rng(0)
+    mixed = rng.integers(16, 513, size=100)
+    cases = {"mixed": (mixed, 512), "uniform": (np.full(100, int(mixed.sum()) // 100), int(mixed.sum()) // 100),
+             "L512": (np.full(100, 512), 512), "b1_L128": (np.array([128]), 128), "b1_L512": (np.array([512]), 512),
+             "b16_mixed_bucket": (rng.integers(16, 513, size=16), 512), "b64_L128": (np.full(64, 128), 128)}
+    for label, H, Hkv, D, causal in (("qwen3", 16, 8, 128, True), ("bge", 12, 12, 64, False), ("minilm", 12, 12, 32, False)):
+        for case, (ls, L) in cases.items():
+            T = int(ls.sum())
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(ls)]), device="cuda", dtype=torch.int32)
+            qkv = torch.randn(T, (H + 2 * Hkv) * D, device="cuda", dtype=torch.bfloat16)
+            q = qkv[:, :H * D].view(T, H, D)
+            k = qkv[:, H * D:(H + Hkv) * D].view(T, Hkv, D)
+            v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)
+            flops = sum(4 * int(n) * int(n) * D * H for n in ls) / (2 if causal else 1)
+            size = (-1, 0) if causal else (-1, -1)
+            row: dict = {"tokens": T}
+            ref = varlen_attn(q, k, v, cu, cu, L, L, window_size=size).float()
+            row["varlen_ms"] = round(graph_ms(lambda: varlen_attn(q, k, v, cu, cu, L, L, window_size=size)), 4)
+            if len(set(ls.tolist())) == 1:
+                B, n = len(ls), int(ls[0])
+
+                def uniform() -> torch.Tensor:
+                    qp, kp, vp = (x.reshape(B, n, x.shape[1], D).transpose(1, 2) for x in (q, k, v))
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+                        return F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=Hkv != H)
+                row["cudnn_uniform_ms"] = round(graph_ms(uniform), 4)
+            for cfg in TRITON_CONFIGS:
+                try:
+                    out = triton_varlen(q, k, v, cu, L, causal, cfg).float()
+                    err = float((out - ref).abs().max())
+                    if err > 0.03:
+                        row.setdefault("bad", []).append(f"{cfg}: maxdiff {err:.3g}")
+                        continue
+                    row.setdefault("triton", {})[str(cfg)] = round(graph_ms(lambda: triton_varlen(q, k, v, cu, L, causal, cfg), 10, 3), 4)
+                except Exception as e:  # noqa: BLE001 - configs that exceed shared memory are reported
+                    row.setdefault("bad", []).append(f"{cfg}: {str(e)[:100]}")
+            if "triton" in row:
+                best = min(row["triton"], key=row["triton"].get)
+                row["triton_best"], row["triton_best_ms"] = best, row["triton"][best]
+                row["triton_best_TFLOPs"] = round(flops / (row["triton_best_ms"] * 1e9), 1)
+            row["varlen_TFLOPs"] = round(flops / (row["varlen_ms"] * 1e9), 1)
+            R[f"{label}_{case}"] = row
+            print(label, case, json.dumps({kk: vv for kk, vv in row.items() if kk != "triton"}), flush=True)
+            del qkv, q, k, v
+    return R
+
+
 def classify(name: str) -> str:
     n = name.lower()
     if any(s in n for s in ("flash", "fmha", "attn", "attention", "cudnn", "sdpa")):
@@ -343,7 +405,7 @@ def main() -> None:
                  "cudnn": torch.backends.cudnn.version()}
     for part in a.parts:
         try:
-            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part,
+            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part, "tattn": triton_attn_part,
                          "step": lambda: step_part(a.models_root)}[part]()
         except Exception as e:  # noqa: BLE001 - keep the other parts' results
             import traceback

@@ -93,6 +93,32 @@ class AttentionBackend:
         raise NotImplementedError
 
 
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel per head dim.
+TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 3)}
+
+
+def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                  causal: bool, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Attention over packed sequences with the Triton kernel (``kernels.varlen_attn_kernel``):
+    q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv; row strides free, head dim contiguous),
+    cu_seqlens [B+1] int32, ``max_seqlen`` ≥ every length (a host int: it sizes the grid, so a
+    loose bound under CUDA graphs only launches programs that exit at once) → [T, H, D] in q's
+    dtype. Scores in fp32 with softmax scale 1/√D, online softmax (FlashAttention-2's algorithm,
+    Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
+    (``TRITON_ATTN_CONFIGS``). Raises KeyError for a head dim without a config."""
+    from bouquet.engine import kernels
+
+    T, H, D = q.shape
+    bm, bn, warps, stages = config or TRITON_ATTN_CONFIGS[D]
+    o = q.new_empty((T, H, D))
+    grid = (-(-max_seqlen // bm), cu_seqlens.shape[0] - 1, H)
+    kernels.varlen_attn_kernel[grid](
+        q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
+        GROUP=H // k.shape[1], CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+    return o
+
+
 def _windowed(window: int | None, meta: AttnMeta) -> bool:
     """Whether ``window`` can hide a key from a query: some sequence is longer than W + 1."""
     return window is not None and window < meta.max_seqlen - 1

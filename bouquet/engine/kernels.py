@@ -138,3 +138,72 @@ def act_quant_kernel(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, ACT: tl.constexp
         u = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         a = (a * u).to(dt).to(tl.float32)
     _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, a)
+
+
+@triton.jit
+def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    # One key block of online softmax (log2 domain): k_ptrs [D, BN], v_ptrs [BN, D] at key 0.
+    keys = start_n + offs_n
+    if MASKED:
+        valid = keys < n
+        k = tl.load(k_ptrs, mask=valid[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    s = tl.dot(q, k) * qk_scale  # [BM, BN] fp32
+    if MASKED:
+        keep = valid[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= keys[None, :])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
+def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
+                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
+                       GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr):
+    # Program (m, b, h): query rows [m·BM, (m+1)·BM) of sequence b, head h, against its keys
+    # [cu[b], cu[b+1]) on kv head h // GROUP. Key blocks wholly visible to every row of the
+    # block run without masks; only the last (and, causal, the diagonal) blocks are masked.
+    pid_m = tl.program_id(0)
+    seq = tl.program_id(1)
+    h = tl.program_id(2)
+    start = tl.load(cu_ptr + seq).to(tl.int64)
+    n = tl.load(cu_ptr + seq + 1) - tl.load(cu_ptr + seq)
+    m0 = pid_m * BM
+    if m0 >= n:
+        return
+    offs_m = m0 + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    kh = h // GROUP
+    q = tl.load(q_ptr + (start + offs_m[:, None]) * sq_t + h * sq_h + offs_d[None, :], mask=offs_m[:, None] < n, other=0.0)
+    k_ptrs = k_ptr + (start + offs_n[None, :]) * sk_t + kh * sk_h + offs_d[:, None]
+    v_ptrs = v_ptr + (start + offs_n[:, None]) * sv_t + kh * sv_h + offs_d[None, :]
+    m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BM,), dtype=tl.float32)
+    acc = tl.zeros((BM, D), dtype=tl.float32)
+    if CAUSAL:
+        hi = tl.minimum(m0 + BM, n)
+        full = (tl.minimum(m0 + 1, n) // BN) * BN
+    else:
+        hi = n
+        full = (n // BN) * BN
+    for start_n in range(0, full, BN):
+        m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
+                                    offs_m, offs_n, n, qk_scale, False, CAUSAL)
+    for start_n in range(full, hi, BN):
+        m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
+                                    offs_m, offs_n, n, qk_scale, True, CAUSAL)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + (start + offs_m[:, None]) * so_t + h * so_h + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=offs_m[:, None] < n)
