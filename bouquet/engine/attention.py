@@ -31,8 +31,15 @@ vs bge-base's (same shape; bge takes cuDNN on equal lengths) 0.82 vs 0.83 ms at 
 3.49 at 64 × 128, 5.09 vs 3.87 at 16 × 512, 9.27 vs 7.88 ms for the 64 mixed: up to ~30% slower
 where long sequences make attention a large share.
 
-- ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen inside), CUDA,
-  fp16/bf16. ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
+- ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and every
+  CUDA-graph bucket) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
+  head dims 32, 64 and 128; other head dims, sliding windows and ``varlen-flash`` run
+  ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–1.9×
+  FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
+  bench/results/h200-2026-12-01/README.md: Qwen3-0.6B heads, 100 sequences of 16–512 tokens,
+  0.211 vs 0.401 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
+  0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
+  ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
   cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy), which is
@@ -125,12 +132,15 @@ def _windowed(window: int | None, meta: AttnMeta) -> bool:
 
 
 class VarlenBackend(AttentionBackend):
-    name = "varlen"
+    """``ragged``: the kernel for batches of unequal lengths, "triton" (``triton_varlen``) or
+    "flash" (FlashAttention-2 varlen, the backend named ``varlen-flash``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ragged: str = "triton") -> None:
         from torch.nn.attention.varlen import varlen_attn
 
         self._fn = varlen_attn
+        self.ragged = ragged
+        self.name = "varlen" if ragged == "triton" else "varlen-flash"
 
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal, uniform=uniform)
@@ -142,6 +152,9 @@ class VarlenBackend(AttentionBackend):
         w = window if _windowed(window, meta) else -1
         if meta.uniform and w < 0:  # cuDNN takes no window: banded layers stay on FlashAttention-2
             return self._uniform(q, k, v, meta)
+        if w < 0 and self.ragged == "triton" and q.shape[2] in TRITON_ATTN_CONFIGS and q.stride(2) == 1 \
+                and k.stride(2) == 1 and v.stride(2) == 1:
+            return triton_varlen(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.causal)
         size = (w, 0) if meta.causal else (w, w)
         cu = meta.cu_seqlens
         return self._fn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, window_size=size)
@@ -242,18 +255,27 @@ def band_mask(length: int, window: int, causal: bool, device: torch.device) -> t
 
 
 def select_backend(device: torch.device, dtype: torch.dtype, override: str | None = None) -> AttentionBackend:
-    """Pick the attention backend once: varlen on CUDA with fp16/bf16, length-grouped SDPA otherwise.
+    """Pick the attention backend once: varlen on CUDA with fp16/bf16 (its ragged batches on the
+    Triton kernel when Triton imports, else on FlashAttention-2, i.e. ``varlen-flash``),
+    length-grouped SDPA otherwise.
 
     Raises ValueError for an unknown override or varlen on a device/dtype it cannot run.
     """
     name = override or ("varlen" if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) else "sdpa_grouped")
-    if name == "varlen":
+    if name in ("varlen", "varlen-flash"):
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"varlen attention needs CUDA and fp16/bf16, got {device} {dtype}")
-        backend: AttentionBackend = VarlenBackend()
+        from bouquet.engine.ops import triton_kernels
+
+        triton = name == "varlen" and triton_kernels() is not None
+        backend: AttentionBackend = VarlenBackend("triton" if triton else "flash")
     elif name == "sdpa_grouped":
         backend = SdpaGroupedBackend()
     else:
-        raise ValueError(f"unknown attention backend {name!r}; choose varlen or sdpa_grouped")
-    log.info("attention backend: %s (device=%s dtype=%s)", backend.name, device, dtype)
+        raise ValueError(f"unknown attention backend {name!r}; choose varlen, varlen-flash or sdpa_grouped")
+    detail = ""
+    if isinstance(backend, VarlenBackend):
+        detail = (f"; unequal lengths: {'Triton kernel' if backend.ragged == 'triton' else 'FlashAttention-2'}, "
+                  "equal lengths: cuDNN, sliding windows: FlashAttention-2, score bias: memory-efficient kernel")
+    log.info("attention backend: %s (device=%s dtype=%s%s)", backend.name, device, dtype, detail)
     return backend

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from bouquet.config import FP8_MIN_COSINE, FP8_MIN_TOKENS, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
-from bouquet.engine.attention import AttentionBackend, select_backend
+from bouquet.engine.attention import AttentionBackend, VarlenBackend, select_backend
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
 from bouquet.engine.contract import EngineInfo
@@ -196,7 +196,7 @@ class Engine:
         """Device-only forward: int32 [T] ids/pos/types/segment ids, cu [S+1] → [S, out_dim] float32.
         No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend).
         ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
-        if self.causal and cu.shape[0] == 2 and self.attn.name == "varlen":
+        if self.causal and cu.shape[0] == 2 and isinstance(self.attn, VarlenBackend):
             uniform, max_seqlen = True, ids.shape[0]  # one causal sequence + trailing padding: exact
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
