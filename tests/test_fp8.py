@@ -144,3 +144,97 @@ def test_serve_with_fp8_answers_close_to_fp32_and_bad_values_are_refused(tmp_pat
 def test_qrows_shape_is_the_values_shape() -> None:
     q = QRows(torch.zeros(3, 16, dtype=torch.float8_e4m3fn), torch.ones(3, 1))
     assert q.shape == (3, 16) and q.dense is None
+
+
+def _fp8_checkpoint(src: Path, dst: Path, layout: str) -> Path:
+    """A copy of model directory ``src`` whose layer linears are stored in e4m3 the way fp8
+    checkpoints on the Hub store them: ``channel`` (compressed-tensors, weight_scale [N, 1]),
+    ``tensor`` (one scale per weight) or ``block`` (transformers' fp8, weight_scale_inv per 16 × 16
+    block); plus ``<dst>-dequantized``, the same weights as float32 (the reference)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(src / "model.safetensors"))
+    quant: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        linear = w.dim() == 2 and name.endswith(".weight") and "layer" in name and "embed" not in name and "norm" not in name.lower()
+        if not linear:
+            quant[name] = deq[name] = w
+            continue
+        w = w.float()
+        if layout == "block":
+            b = w.unflatten(0, (-1, 16)).unflatten(2, (-1, 16))  # [N/16, 16, K/16, 16]
+            s = b.abs().amax(dim=(1, 3)) / FP8_MAX  # [N/16, K/16]
+            full = s.repeat_interleave(16, 0).repeat_interleave(16, 1)
+            q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            quant[name], quant[name + "_scale_inv"] = q, s
+            deq[name] = q.float() * full
+            continue
+        s = (w.abs().amax(1, keepdim=True) if layout == "channel" else w.abs().amax().reshape(1, 1)) / FP8_MAX
+        q = (w / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        quant[name] = q
+        quant[name[: -len("weight")] + "weight_scale"] = s if layout == "channel" else s.reshape(())
+        quant[name[: -len("weight")] + "input_scale"] = torch.tensor(0.05)  # a static activation scale: dropped
+        deq[name] = q.float() * s
+    out = {}
+    for d, tensors in ((dst, quant), (dst.with_name(dst.name + "-dequantized"), deq)):
+        shutil.copytree(src, d)
+        save_file(tensors, str(d / "model.safetensors"))
+        out[d] = tensors
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = ({"quant_method": "fp8", "weight_block_size": [16, 16], "activation_scheme": "dynamic"}
+                                  if layout == "block" else
+                                  {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                   "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                                       "num_bits": 8, "type": "float", "strategy": layout, "symmetric": True}}}})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("kind,layout", [("qwen3", "channel"), ("bert", "channel"), ("bert", "tensor"), ("qwen3", "block")])
+def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, layout: str) -> None:
+    """Without --quantization fp8 the model runs the dequantized weights (equal to a float32
+    checkpoint of the same values); with it the fp8 matmuls use the stored e4m3 rows and scales
+    unchanged (per-channel / per-tensor) or re-quantized per channel (block scales)."""
+    from safetensors.torch import load_file
+
+    from bouquet.engine.quant import projections, set_fp8_min_tokens
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    src = make_tiny_model(kind, tmp_path / "src")
+    ckpt = _fp8_checkpoint(src, tmp_path / "fp8", layout)
+    ref = _engine(tmp_path / "fp8-dequantized")
+    plain, fp8 = _engine(ckpt), _engine(ckpt, "fp8", fp8_min_cosine=0.0)
+    assert plain.stored_fp8.description.startswith("checkpoint stores")
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(5, 200, size=int(n)).astype(np.int32) for n in rng.integers(2, 40, size=6)]
+    np.testing.assert_allclose(_forward(plain, seqs), _forward(ref, seqs), rtol=1e-5, atol=1e-6)
+    chosen = [p for p in projections(fp8.model) if p.fp8 is not None]
+    assert chosen and all(p.fp8_stored == (layout != "block") for p in chosen)
+    if layout != "block":  # the first fp8 matmul's rows are the stored ones, in fused order
+        state = load_file(str(ckpt / "model.safetensors"))
+        p = chosen[0]
+        parts = [n for n, t in fp8.model.named_parameters() if t.dim() == 2 and t.shape[1] == p.weight.shape[1]
+                 and t.untyped_storage().data_ptr() == p.weight.untyped_storage().data_ptr()]
+        parts = [n for _, n in sorted((dict(fp8.model.named_parameters())[n].storage_offset(), n) for n in parts)]
+        want = torch.cat([state[n] for n in parts])
+        assert torch.equal(p.fp8.weight.view(torch.uint8), want.view(torch.uint8))
+    set_fp8_min_tokens(fp8.model, 0)
+    assert cosine_rows(_forward(fp8, seqs), _forward(ref, seqs)).min() > 0.99
+
+
+def test_fp8_checkpoint_without_scales_is_refused_by_name(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    ckpt = _fp8_checkpoint(make_tiny_model("bert", tmp_path / "src"), tmp_path / "fp8", "channel")
+    state = load_file(str(ckpt / "model.safetensors"))
+    gone = next(k for k in state if k.endswith(".weight_scale"))
+    del state[gone]
+    save_file(state, str(ckpt / "model.safetensors"))
+    with pytest.raises(ValueError, match=gone.replace(".", r"\.")):
+        _engine(ckpt)

@@ -108,3 +108,24 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
         else:  # small steps keep the bf16 weights: the bf16 engine's rows (to float32 rounding)
             np.testing.assert_allclose(want, bf16, atol=1e-6, rtol=1e-6)
     assert eng.graph_captures == 3
+
+
+def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -> None:
+    """A Qwen3 checkpoint stored in e4m3 with per-channel scales: the fp8 GEMMs use the stored
+    rows unchanged (on the device), and the model tracks its dequantized bf16 weights."""
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine
+    from bouquet.engine.quant import projections, set_fp8_min_tokens
+    from bouquet.modelspec import load_spec
+    from tests.fixtures.tiny_models import make_tiny_model
+    from tests.test_fp8 import _fp8_checkpoint
+
+    ckpt = _fp8_checkpoint(make_tiny_model("qwen3", tmp_path / "src"), tmp_path / "fp8", "channel")
+    eng = Engine(load_spec(str(ckpt)), "cuda", quantization="fp8", fp8_min_cosine=0.0)
+    ref = Engine(load_spec(str(tmp_path / "fp8-dequantized")), "cuda")
+    chosen = [p for p in projections(eng.model) if p.fp8 is not None]
+    assert chosen and all(p.fp8_stored and p.fp8.weight.is_cuda for p in chosen)
+    set_fp8_min_tokens(eng.model, 0)
+    rng = np.random.default_rng(1)
+    batch = Batch.pack([rng.integers(5, 200, size=int(n)).astype(np.int32) for n in rng.integers(2, 60, size=16)])
+    assert _cos(eng.forward(batch).cpu().numpy(), ref.forward(batch).cpu().numpy()).min() > 0.99

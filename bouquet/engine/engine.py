@@ -26,6 +26,7 @@ from bouquet.engine.attention import AttentionBackend, VarlenBackend, select_bac
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
 from bouquet.engine.contract import EngineInfo
+from bouquet.engine.fp8_checkpoint import split_fp8_checkpoint
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
@@ -121,6 +122,11 @@ class Engine:
             model = cls(spec.config, self.attn, **extra)
         if state is None:
             state = load_safetensors(spec.path)
+        state, self.stored_fp8 = split_fp8_checkpoint(state, spec.config)
+        if self.stored_fp8.description:
+            log.info("weights: %s; dequantized to %s for steps that run in it%s", self.stored_fp8.description,
+                     str(self.dtype).removeprefix("torch."),
+                     "" if quantization == "fp8" else " (all of them: add --quantization fp8 to run the fp8 rows)")
         # Instance attributes: what a model skips can depend on its config (tied embeddings).
         self.loaded = assign_weights(model, state, model.IGNORED_KEYS, model.PREFIXES)
         model = model.to(device=self.device, dtype=self.dtype).eval()
@@ -148,6 +154,7 @@ class Engine:
             self._enable_fp8(fp8_min_cosine)
         elif quantization != "none":
             raise ValueError(f"quantization must be none or fp8, got {quantization!r}")
+        self.stored_fp8.rows.clear()  # the projections hold what they use (on the device)
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)
         log.info("engine: %s on %s (%s), %d tensors loaded in %.2fs", spec.architecture, self.device,
@@ -158,7 +165,7 @@ class Engine:
         random-token sequences of 8–128 tokens, fixed seed) in fp8 against bf16: refused with
         ValueError below ``min_cosine`` (FP8_MIN_COSINE; benchmarks pass 0 to time any model), so
         fp8 never serves vectors far from the model's own."""
-        n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS)
+        n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS, stored=self.stored_fp8)
         rng = np.random.default_rng(0)
         top = min(128, self.spec.max_seq_length)
         seqs = [rng.integers(1000 if self.spec.vocab_size > 2000 else 0, self.spec.vocab_size,
@@ -172,10 +179,12 @@ class Engine:
             set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
         cos = output_cosines(fp8, ref)
         kinds = sorted({p.kind for p in projections(self.model) if p.fp8 is not None})
+        kept = sum(p.fp8_stored for p in projections(self.model))
         log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer; per-channel weight and per-token "
-                 "activation scales); bf16 for the other matmuls, embeddings, norms, attention, pooling and heads, "
-                 "and for steps under %d tokens; probe batch cosine vs bf16 min %.5f mean %.5f",
-                 n, "+".join(kinds), FP8_MIN_TOKENS, cos.min(), cos.mean())
+                 "activation scales; %d with the checkpoint's own fp8 weights, the others quantized at load); bf16 "
+                 "for the other matmuls, embeddings, norms, attention, pooling and heads, and for steps under %d "
+                 "tokens; probe batch cosine vs bf16 min %.5f mean %.5f",
+                 n, "+".join(kinds), kept, FP8_MIN_TOKENS, cos.min(), cos.mean())
         self.fp8_cosine = (float(cos.min()), float(cos.mean()))
         if not np.isfinite(cos).all() or cos.min() < min_cosine:
             raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
+from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
 from bouquet.engine.ops import FP8, FP8_MAX, QRows, TINY
 
 
@@ -68,15 +69,19 @@ class Projection:
         self.weight, self.bias = weight, bias
         self.kind = kind  # one of KINDS: which matmul of the layer this is
         self.fp8: Fp8Weight | None = None
+        self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
 
     @classmethod
     def of(cls, linear: nn.Linear, kind: str) -> "Projection":
         return cls(linear.weight, linear.bias, kind)
 
-    def quantize(self, min_tokens: int) -> None:
-        """Build the fp8 weights; forward passes of at least ``min_tokens`` tokens use them."""
-        self.fp8 = Fp8Weight.quantize(self.weight)
+    def quantize(self, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+        """Build the fp8 weights (``stored``: e4m3 rows [N, K] and scales [N] a checkpoint already
+        holds, used as they are; else quantized from the weight); forward passes of at least
+        ``min_tokens`` tokens use them."""
+        self.fp8 = Fp8Weight.quantize(self.weight) if stored is None else Fp8Weight(stored[0], stored[1][None, :])
+        self.fp8_stored = stored is not None
         self.fp8_min_tokens = min_tokens
 
     def use_fp8(self, tokens: int) -> bool:
@@ -105,10 +110,12 @@ def projections(model: nn.Module, defaults_only: bool = False) -> Iterable[Proje
 KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output, MLP in (gate + up), MLP out
 
 
-def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] | None = None) -> int:
+def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] | None = None,
+               stored: "StoredFp8 | None" = None) -> int:
     """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds`` (None: each
     layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more then run them in fp8.
-    Returns how many were quantized.
+    ``stored``: the e4m3 rows of a checkpoint stored in fp8 (fp8_checkpoint.py); a projection whose
+    every part is there uses them as they are. Returns how many were quantized.
 
     Raises ValueError when the model has none (an architecture without an fp8 path), when a
     matmul's sizes are not multiples of 16 (``_scaled_mm``'s rule), or on a CUDA device without
@@ -128,7 +135,7 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
             raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
     chosen = list(projections(model, defaults_only=True)) if kinds is None else [p for p in projs if p.kind in kinds]
     for p in chosen:
-        p.quantize(min_tokens)
+        p.quantize(min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None)
     return len(chosen)
 
 
