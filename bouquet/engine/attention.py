@@ -150,7 +150,12 @@ class VarlenBackend(AttentionBackend):
         if bias is not None:
             return _biased_varlen(q, k, v, meta, bias)
         w = window if _windowed(window, meta) else -1
-        if meta.uniform and w < 0:  # cuDNN takes no window: banded layers stay on FlashAttention-2
+        # Equal lengths: cuDNN (it takes no window: banded layers stay on FlashAttention-2); but one
+        # sequence alone runs faster on the Triton kernel (b1 L128 0.0060 vs 0.0074 ms, L512 0.0111
+        # vs 0.0123, Qwen3 heads; bench/results/h200-2026-12-01 call 3), and a graph bucket's single
+        # sequence takes it too, so eager and replayed steps of one sequence share a kernel.
+        single = self.ragged == "triton" and meta.cu_seqlens.shape[0] == 2
+        if meta.uniform and w < 0 and not single:
             return self._uniform(q, k, v, meta)
         if w < 0 and self.ragged == "triton" and q.shape[2] in TRITON_ATTN_CONFIGS and q.stride(2) == 1 \
                 and k.stride(2) == 1 and v.stride(2) == 1:
