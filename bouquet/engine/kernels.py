@@ -207,3 +207,41 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
     out = acc / l_i[:, None]
     tl.store(o_ptr + (start + offs_m[:, None]) * so_t + h * so_h + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=offs_m[:, None] < n)
+
+
+@triton.jit
+def splitk_linear_kernel(x_ptr, w_ptr, b_ptr, part_ptr, lock_ptr, y_ptr, M, N, K,
+                         HAS_BIAS: tl.constexpr, S: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr):
+    # y = x @ wᵀ (+ b) for small M: program (m, n, s) multiplies the s-th of S slices of K for one
+    # BM × BN tile and stores its fp32 partial; the last of a tile's S programs to finish (a
+    # per-tile counter, acquire-release at GPU scope) sums the S partials in a fixed order, adds
+    # the bias, writes y in the model dtype and resets the counter for the next call.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    k_split = K // S
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = pid_s * k_split + tl.arange(0, BK)
+    xp = x_ptr + rm[:, None].to(tl.int64) * K + rk[None, :]
+    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, k_split, BK):
+        a = tl.load(xp, mask=rm[:, None] < M, other=0.0)
+        b = tl.load(wp, mask=rn[:, None] < N, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        xp += BK
+        wp += BK
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    tl.store(part_ptr + pid_s * M * N + offs, acc, mask=mask)
+    tile = pid_m * tl.num_programs(1) + pid_n
+    if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu") == S - 1:
+        total = tl.zeros((BM, BN), dtype=tl.float32)
+        for s in tl.static_range(S):  # ".cg": read the other programs' partials from L2, not L1
+            total += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(lock_ptr + tile, 0)
