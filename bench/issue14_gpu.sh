@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call for issue 14's attention and batch-1 work (session of 2026-12-01), bundled as $OUT/r.tgz:
-#   tests  GPU tests: tests/test_gpu_attention.py (Triton varlen kernel), test_gpu_splitk.py (small-M GEMM), test_gpu_fastpath.py
+#   tests  GPU tests: tests/test_gpu_attention.py (Triton varlen kernel), test_gpu_fastpath.py
 #          (graph == eager for every bucket), test_gpu_fp8.py;
 #   bench  `bouquet bench` engine (Triton kernel for unequal lengths) beside engine-fa2 (FlashAttention-2,
 #          the previous path) and engine-fp8, Qwen3-0.6B and bge-base, benchmarks 1, 2, 3, mixed;
 #   prof   bench/probes/profile_gpu.py --variants fused: kernels per batch-1 replay, top kernels;
 #   probe  bench/probes/issue14_probe.py --parts tattn step (attention tiles, mixed-step kernel split).
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
-# STEPS (default "tests bench prof") picks a subset; SYSTEMS, BENCHMARKS, LAT_LENGTHS override the bench's.
+# STEPS (default "tests bench prof") picks a subset; SYSTEMS overrides the bench systems.
 set -u
 R="$OUT/r"
 mkdir -p "$R"
@@ -15,16 +15,16 @@ STEPS=${STEPS:-tests bench prof}
 M=/tmp/bench-models
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 if has tests; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_attention.py tests/test_gpu_splitk.py \
-    tests/test_gpu_fastpath.py tests/test_gpu_fp8.py > "$R/gpu-tests.txt" 2>&1
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_attention.py tests/test_gpu_fastpath.py \
+    tests/test_gpu_fp8.py > "$R/gpu-tests.txt" 2>&1
   tail -5 "$R/gpu-tests.txt"
 fi
 if has bench; then
   sys=""
   for s in ${SYSTEMS:-engine engine-fa2 engine-fp8}; do sys="$sys --system $s"; done
   timeout 480 python3 -m bouquet bench --model qwen3-0.6b --model bge-base $sys \
-    --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths "${LAT_LENGTHS:-128,512}" \
-    --thr-lengths 512,1024 --score-batches 5,25 --benchmarks "${BENCHMARKS:-1,2,3,mixed}" --out "$R/bench" > "$R/bench.log" 2>&1
+    --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
+    --thr-lengths 512,1024 --score-batches 5,25 --benchmarks 1,2,3,mixed --out "$R/bench" > "$R/bench.log" 2>&1
   grep -h "^| \|cosine" "$R/bench/results.md" | head -70
 fi
 if has prof; then

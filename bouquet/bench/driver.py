@@ -24,7 +24,7 @@ from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_mod
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
 log = logging.getLogger("bouquet.bench")
-SYSTEMS = ("engine", "engine-fp8", "engine-fa2", "engine-cublas", "grpc", "http", "http-fp8", "http-noop", "openai", "transformers")
+SYSTEMS = ("engine", "engine-fp8", "engine-fa2", "grpc", "http", "http-fp8", "http-noop", "openai", "transformers")
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,9 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
 
 
 def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[ServerProcess]) -> Target:
-    if system in ("engine", "engine-fp8", "engine-fa2", "engine-cublas"):
+    if system in ("engine", "engine-fp8", "engine-fa2"):
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system == "engine-fp8" else "none",
-                            attention="varlen-flash" if system == "engine-fa2" else None,
-                            splitk=system != "engine-cublas")
+                            attention="varlen-flash" if system == "engine-fa2" else None)
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
     if system in ("grpc", "http", "http-noop", "http-fp8"):

@@ -51,26 +51,20 @@ class EngineTarget(Target):
     """``quantization="fp8"``: the engine's fp8 path (the issue-14 bar for random weights: cosine
     ≥ 0.99); its load-time refusal is off here so that the speed is measured whatever the probe
     cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
-    attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
-    ``splitk=False``: every linear on cuBLAS, also for small steps (the baseline of engine/splitk.py)."""
+    attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches)."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
-                 attention: str | None = None, splitk: bool = True) -> None:
+                 attention: str | None = None) -> None:
         from bouquet.engine.engine import Engine, GraphOptions
         from bouquet.modelspec import load_spec
 
         self.spec = load_spec(str(model_dir))
         self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
                              spin_wait=True, quantization=quantization, fp8_min_cosine=0.0)
-        if not splitk:
-            from bouquet.engine.quant import projections
-
-            for p in projections(self.engine.model):
-                p.splitk = None
         self.engine.warmup()
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
-            + ("-fa2" if attention == "varlen-flash" else "") + ("" if splitk else "-cublas")
+            + ("-fa2" if attention == "varlen-flash" else "")
         self.tolerance = 0.01 if quantization == "fp8" else 1e-3
         self._lock = threading.Lock()
 

@@ -37,9 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 
-from bouquet.engine import splitk
 from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
-from bouquet.engine.ops import FP8, FP8_MAX, TINY, QRows, triton_kernels
+from bouquet.engine.ops import FP8, FP8_MAX, QRows, TINY
 
 
 @dataclass
@@ -61,9 +60,7 @@ class Fp8Weight:
 class Projection:
     """One linear layer as the engine runs it: ``weight`` [N, K] and ``bias`` [N] | None in the
     model dtype, plus an ``Fp8Weight`` once ``quantize`` ran. Called with model-dtype rows it is
-    ``F.linear`` (or, for steps of at most ``splitk.MAX_TOKENS`` tokens on an eligible weight, the
-    split-K Triton GEMM: same contract); called with ``QRows`` it is the fp8 GEMM. Output [T, N]
-    in the model dtype.
+    ``F.linear``; called with ``QRows`` it is the fp8 GEMM. Output [T, N] in the model dtype.
 
     Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
     they came from; this holds views of them."""
@@ -71,10 +68,6 @@ class Projection:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> None:
         self.weight, self.bias = weight, bias
         self.kind = kind  # one of KINDS: which matmul of the layer this is
-        # small steps: the split-K Triton GEMM where it beats cuBLAS (splitk.py); its tile counters
-        self.splitk: torch.Tensor | None = None
-        if splitk.eligible(weight) and triton_kernels() is not None:
-            self.splitk = splitk.new_counters(weight)
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
@@ -97,8 +90,6 @@ class Projection:
 
     def __call__(self, x: "torch.Tensor | QRows") -> torch.Tensor:
         if not isinstance(x, QRows):
-            if self.splitk is not None and x.shape[0] <= splitk.MAX_TOKENS and x.is_contiguous():
-                return splitk.linear(x, self.weight, self.bias, self.splitk)
             return F.linear(x, self.weight, self.bias)
         assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
         out_dtype = self.weight.dtype
