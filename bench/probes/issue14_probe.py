@@ -285,7 +285,7 @@ TRITON_CONFIGS = [(64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4)
                   (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (32, 64, 4, 3)]
 
 
-def triton_attn_part() -> dict:
+def triton_attn_part(labels: tuple[str, ...] = ()) -> dict:
     """The Triton varlen kernel (attention.triton_varlen) over its tile configurations vs
     FlashAttention-2 varlen and cuDNN on equal lengths, all inside CUDA graphs."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -301,6 +301,8 @@ def triton_attn_part() -> dict:
              "L512": (np.full(100, 512), 512), "b1_L128": (np.array([128]), 128), "b1_L512": (np.array([512]), 512),
              "b16_mixed_bucket": (rng.integers(16, 513, size=16), 512), "b64_L128": (np.full(64, 128), 128)}
     for label, H, Hkv, D, causal in (("qwen3", 16, 8, 128, True), ("bge", 12, 12, 64, False), ("minilm", 12, 12, 32, False)):
+        if labels and label not in labels:
+            continue
         for case, (ls, L) in cases.items():
             T = int(ls.sum())
             cu = torch.tensor(np.concatenate([[0], np.cumsum(ls)]), device="cuda", dtype=torch.int32)
@@ -322,15 +324,17 @@ def triton_attn_part() -> dict:
                         return F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=Hkv != H)
                 row["cudnn_uniform_ms"] = round(graph_ms(uniform), 4)
             for cfg in TRITON_CONFIGS:
+              for pack in ((False, True) if Hkv != H else (False,)):
+                name = f"{cfg}{' packed' if pack else ''}"
                 try:
-                    out = triton_varlen(q, k, v, cu, L, causal, cfg).float()
+                    out = triton_varlen(q, k, v, cu, L, causal, cfg, pack).float()
                     err = float((out - ref).abs().max())
                     if err > 0.03:
-                        row.setdefault("bad", []).append(f"{cfg}: maxdiff {err:.3g}")
+                        row.setdefault("bad", []).append(f"{name}: maxdiff {err:.3g}")
                         continue
-                    row.setdefault("triton", {})[str(cfg)] = round(graph_ms(lambda: triton_varlen(q, k, v, cu, L, causal, cfg), 10, 3), 4)
+                    row.setdefault("triton", {})[name] = round(graph_ms(lambda: triton_varlen(q, k, v, cu, L, causal, cfg, pack), 10, 3), 4)
                 except Exception as e:  # noqa: BLE001 - configs that exceed shared memory are reported
-                    row.setdefault("bad", []).append(f"{cfg}: {str(e)[:100]}")
+                    row.setdefault("bad", []).append(f"{name}: {str(e)[:100]}")
             if "triton" in row:
                 best = min(row["triton"], key=row["triton"].get)
                 row["triton_best"], row["triton_best_ms"] = best, row["triton"][best]
@@ -400,12 +404,13 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--parts", nargs="+", default=["attn", "step", "gemm", "graph"])
     ap.add_argument("--models-root", default="/tmp/models")
+    ap.add_argument("--labels", nargs="*", default=[], help="tattn: head shapes to sweep (qwen3 bge minilm; default all)")
     a = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                  "cudnn": torch.backends.cudnn.version()}
     for part in a.parts:
         try:
-            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part, "tattn": triton_attn_part,
+            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part, "tattn": lambda: triton_attn_part(tuple(a.labels)),
                          "step": lambda: step_part(a.models_root)}[part]()
         except Exception as e:  # noqa: BLE001 - keep the other parts' results
             import traceback

@@ -105,24 +105,28 @@ TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3),
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                  causal: bool, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                  causal: bool, config: tuple[int, int, int, int] | None = None, pack_heads: bool = True) -> torch.Tensor:
     """Attention over packed sequences with the Triton kernel (``kernels.varlen_attn_kernel``):
     q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv; row strides free, head dim contiguous),
     cu_seqlens [B+1] int32, ``max_seqlen`` ≥ every length (a host int: it sizes the grid, so a
     loose bound under CUDA graphs only launches programs that exit at once) → [T, H, D] in q's
     dtype. Scores in fp32 with softmax scale 1/√D, online softmax (FlashAttention-2's algorithm,
     Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
-    (``TRITON_ATTN_CONFIGS``). Raises KeyError for a head dim without a config."""
+    (``TRITON_ATTN_CONFIGS``). ``pack_heads``: with grouped-query attention, the query heads of
+    one kv head share a program (BLOCK_M rows = BLOCK_M / group tokens × group heads), so each K/V
+    tile is read once for all of them. Raises KeyError for a head dim without a config."""
     from bouquet.engine import kernels
 
     T, H, D = q.shape
     bm, bn, warps, stages = config or TRITON_ATTN_CONFIGS[D]
+    group = H // k.shape[1]
+    pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
     o = q.new_empty((T, H, D))
-    grid = (-(-max_seqlen // bm), cu_seqlens.shape[0] - 1, H)
+    grid = (-(-max_seqlen // (bm // pack)), cu_seqlens.shape[0] - 1, H // pack)
     kernels.varlen_attn_kernel[grid](
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        GROUP=H // k.shape[1], CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     return o
 
 
