@@ -34,11 +34,13 @@ where long sequences make attention a large share.
 - ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and every
   CUDA-graph bucket) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
   head dims 32, 64 and 128; other head dims, sliding windows and ``varlen-flash`` run
-  ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–1.9×
+  ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–2.1×
   FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
   bench/results/h200-2026-12-01/README.md: Qwen3-0.6B heads, 100 sequences of 16–512 tokens,
-  0.211 vs 0.401 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
+  0.190 vs 0.403 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
   0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
+  Equal lengths keep cuDNN (Qwen3 heads 100 × 512: cuDNN 0.273 ms, Triton 0.424) except for one
+  sequence alone, where the Triton kernel is faster.
   ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
@@ -100,8 +102,10 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel per head dim.
-TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 3)}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel per head dim: the tiles
+# with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
+# the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
+TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
