@@ -159,9 +159,9 @@ class VarlenBackend(AttentionBackend):
             return _biased_varlen(q, k, v, meta, bias)
         w = window if _windowed(window, meta) else -1
         # Equal lengths: cuDNN (it takes no window: banded layers stay on FlashAttention-2); but one
-        # sequence alone runs faster on the Triton kernel (b1 L128 0.0060 vs 0.0074 ms, L512 0.0111
-        # vs 0.0123, Qwen3 heads; bench/results/h200-2026-12-01 call 3), and a graph bucket's single
-        # sequence takes it too, so eager and replayed steps of one sequence share a kernel.
+        # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
+        # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
+        # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree.
         single = self.ragged == "triton" and meta.cu_seqlens.shape[0] == 2
         if meta.uniform and w < 0 and not single:
             return self._uniform(q, k, v, meta)

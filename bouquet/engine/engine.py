@@ -207,8 +207,8 @@ class Engine:
         ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
         if self.causal and cu.shape[0] == 2 and isinstance(self.attn, VarlenBackend) and self.attn.ragged == "flash":
             # one causal sequence + trailing padding: cuDNN over the whole bucket is exact and beats
-            # FlashAttention-2; the Triton kernel beats both (it skips the padding rows): b1 L128
-            # 0.0060 vs 0.0074 ms per layer (bench/results/h200-2026-12-01, call 3)
+            # FlashAttention-2; the Triton kernel (the default) skips the padding rows instead
+            # (bench/results/h200-2026-12-01, calls 3 and 9)
             uniform, max_seqlen = True, ids.shape[0]
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
