@@ -346,6 +346,33 @@ def triton_attn_part(labels: tuple[str, ...] = ()) -> dict:
     return R
 
 
+def long_part() -> dict:
+    """Long sequences (bge-m3 / 8k-context models): the Triton kernel with its shipped tiles vs
+    FlashAttention-2 varlen, mixed 1,024–8,192 and 2 × 8,192 tokens, in CUDA graphs."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    from bouquet.engine.attention import triton_varlen
+
+    R: dict = {}
+    rng = np.random.default_rng(0)
+    for label, H, Hkv, D, causal in (("bge-m3", 16, 16, 64, False), ("qwen3", 16, 8, 128, True)):
+        for case, ls in (("mixed_1k_8k", rng.integers(1024, 8193, size=8)), ("2x8192", np.full(2, 8192))):
+            T, L = int(ls.sum()), int(ls.max())
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(ls)]), device="cuda", dtype=torch.int32)
+            qkv = torch.randn(T, (H + 2 * Hkv) * D, device="cuda", dtype=torch.bfloat16)
+            q, k, v = qkv[:, :H * D].view(T, H, D), qkv[:, H * D:(H + Hkv) * D].view(T, Hkv, D), qkv[:, (H + Hkv) * D:].view(T, Hkv, D)
+            size = (-1, 0) if causal else (-1, -1)
+            ref = varlen_attn(q, k, v, cu, cu, L, L, window_size=size).float()
+            got = triton_varlen(q, k, v, cu, L, causal).float()
+            R[f"{label}_{case}"] = {
+                "tokens": T, "maxdiff": round(float((got - ref).abs().max()), 4),
+                "varlen_ms": round(graph_ms(lambda: varlen_attn(q, k, v, cu, cu, L, L, window_size=size)), 4),
+                "triton_ms": round(graph_ms(lambda: triton_varlen(q, k, v, cu, L, causal)), 4)}
+            print(label, case, json.dumps(R[f"{label}_{case}"]), flush=True)
+            del qkv, q, k, v
+    return R
+
+
 def classify(name: str) -> str:
     n = name.lower()
     if any(s in n for s in ("flash", "fmha", "attn", "attention", "cudnn", "sdpa")):
@@ -410,7 +437,7 @@ def main() -> None:
                  "cudnn": torch.backends.cudnn.version()}
     for part in a.parts:
         try:
-            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part, "tattn": lambda: triton_attn_part(tuple(a.labels)),
+            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part, "tattn": lambda: triton_attn_part(tuple(a.labels)), "long": long_part,
                          "step": lambda: step_part(a.models_root)}[part]()
         except Exception as e:  # noqa: BLE001 - keep the other parts' results
             import traceback
