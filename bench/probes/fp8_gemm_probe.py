@@ -22,7 +22,8 @@ SHAPES = {  # (N, K) of qkv, o, up(+gate), down; layers
 }
 
 
-def graph_ms(fn, reps: int = 20) -> float:
+def graph_ms(fn, reps: int = 20, rounds: int = 5) -> float:
+    """Median ms of one call of ``fn`` captured in a CUDA graph (``rounds`` timings of ``reps`` replays)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -35,7 +36,7 @@ def graph_ms(fn, reps: int = 20) -> float:
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(5):
+    for _ in range(rounds):
         a.record()
         for _ in range(reps):
             g.replay()

@@ -33,6 +33,7 @@ import triton.language as tl
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from bench.probes.fp8_gemm_probe import graph_ms  # noqa: E402
 
 SHAPES = {  # (N, K) of qkv, o, up(+gate), down; layers
     "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),
@@ -87,29 +88,6 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int, in
     if S > 1 and reduce:
         sum_partials[(triton.cdiv(M * N, 1024),)](part, y, M * N, S=S, BLOCK=1024)
     return y
-
-
-def graph_ms(fn: Callable[[], None], reps: int = 20, rounds: int = 5) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(rounds):
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return sorted(times)[len(times) // 2]
 
 
 CONFIGS = [(bm, bn, bk, s, w, st) for (bm, bn, bk, w, st) in
