@@ -40,7 +40,7 @@ where long sequences make attention a large share.
   0.190 vs 0.403 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
   0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
   Equal lengths keep cuDNN (Qwen3 heads 100 × 512: cuDNN 0.273 ms, Triton 0.424) except for one
-  sequence alone, where the Triton kernel is faster.
+  sequence alone and for head dim 32 (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is faster.
   ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
@@ -106,6 +106,10 @@ class AttentionBackend:
 # with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
 # the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
 TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
+# Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
+# cuDNN in every case measured (100 × 268 tokens 0.080 vs 0.136 ms, 100 × 512 0.168 vs 0.198, 64 × 128
+# 0.013 vs 0.016; call 3); with 64 and 128 cuDNN wins at 100 × 512 and 64 × 128.
+TRITON_UNIFORM_HEAD_DIMS = (32,)
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -162,8 +166,8 @@ class VarlenBackend(AttentionBackend):
         # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
         # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
         # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree.
-        single = self.ragged == "triton" and meta.cu_seqlens.shape[0] == 2
-        if meta.uniform and w < 0 and not single:
+        triton_too = self.ragged == "triton" and (meta.cu_seqlens.shape[0] == 2 or q.shape[2] in TRITON_UNIFORM_HEAD_DIMS)
+        if meta.uniform and w < 0 and not triton_too:
             return self._uniform(q, k, v, meta)
         if w < 0 and self.ragged == "triton" and q.shape[2] in TRITON_ATTN_CONFIGS and q.stride(2) == 1 \
                 and k.stride(2) == 1 and v.stride(2) == 1:
