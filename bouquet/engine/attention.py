@@ -154,6 +154,10 @@ class VarlenBackend(AttentionBackend):
         self.ragged = ragged
         self.name = "varlen" if ragged == "triton" else "varlen-flash"
 
+    def triton_takes(self, head_dim: int) -> bool:
+        """Whether sequences of this head dim (unwindowed, unbiased) run the Triton kernel."""
+        return self.ragged == "triton" and head_dim in TRITON_ATTN_CONFIGS
+
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal, uniform=uniform)
 
@@ -166,11 +170,10 @@ class VarlenBackend(AttentionBackend):
         # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
         # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
         # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree.
-        triton_too = self.ragged == "triton" and (meta.cu_seqlens.shape[0] == 2 or q.shape[2] in TRITON_UNIFORM_HEAD_DIMS)
-        if meta.uniform and w < 0 and not triton_too:
+        triton = w < 0 and self.triton_takes(q.shape[2]) and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+        if meta.uniform and w < 0 and not (triton and (meta.cu_seqlens.shape[0] == 2 or q.shape[2] in TRITON_UNIFORM_HEAD_DIMS)):
             return self._uniform(q, k, v, meta)
-        if w < 0 and self.ragged == "triton" and q.shape[2] in TRITON_ATTN_CONFIGS and q.stride(2) == 1 \
-                and k.stride(2) == 1 and v.stride(2) == 1:
+        if triton:
             return triton_varlen(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.causal)
         size = (w, 0) if meta.causal else (w, w)
         cu = meta.cu_seqlens

@@ -133,6 +133,8 @@ class Engine:
         model.fuse()
         self.model = model
         self.causal = bool(model.causal)
+        cfg = spec.config  # attention's head dim (the decoders' rule; only causal models ask for it)
+        self.head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]) if self.causal else 0
         self.pool = pooler(spec.pooling)  # chosen once: the same function on every step
         self.st_head = build_head(spec.head_steps, self.device)  # sentence-transformers Dense layers
         # per-token outputs (step_tokens): bge-m3's sparse and ColBERT heads when the folder has them
@@ -205,7 +207,8 @@ class Engine:
         """Device-only forward: int32 [T] ids/pos/types/segment ids, cu [S+1] → [S, out_dim] float32.
         No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend).
         ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
-        if self.causal and cu.shape[0] == 2 and isinstance(self.attn, VarlenBackend) and self.attn.ragged == "flash":
+        if self.causal and cu.shape[0] == 2 and isinstance(self.attn, VarlenBackend) \
+                and not self.attn.triton_takes(self.head_dim):
             # one causal sequence + trailing padding: cuDNN over the whole bucket is exact and beats
             # FlashAttention-2; the Triton kernel (the default) skips the padding rows instead
             # (bench/results/h200-2026-12-01, calls 3 and 9)
