@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,12 @@ class ReplicaProcess:
     address: str  # gRPC host:port
     device: str
     ipc_path: str = ""  # Unix socket for this host's gateway workers ("" = gRPC only)
+    port_file: Path | None = None  # in a work folder (with the Unix socket) that stop_replicas removes
+
+    def error(self) -> str:
+        """The replica's one-line reason for exiting, when it wrote one (server/main.py)."""
+        f = self.port_file.with_name(self.port_file.name + ".error") if self.port_file else None
+        return f.read_text().strip() if f is not None and f.exists() else ""
 
 
 def replica_devices(cfg: ServeConfig) -> list[str]:
@@ -50,7 +58,8 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_repl
     gRPC port. ``host_replicas``: replica processes of every model on this host (0 = this model's),
     among which CPU replicas share the cores.
 
-    Raises RuntimeError (after stopping the others) when a replica exits before binding.
+    Raises RuntimeError (after stopping the others) when a replica exits before binding, with the
+    replica's own one-line reason when it wrote one (server/main.py: ``PORT_FILE.error``).
     """
     devices = replica_devices(cfg)
     tmp = Path(tempfile.mkdtemp(prefix="bouquet-"))
@@ -75,15 +84,20 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_repl
     for proc, port_file, dev, ipc in procs:
         while not port_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                stop_replicas([ReplicaProcess(p, "", d) for p, _, d, _ in procs])
-                raise RuntimeError(f"server replica on {dev} exited (code {proc.returncode}) before binding its port")
+                reason = ReplicaProcess(proc, "", dev, port_file=port_file).error()
+                stop_replicas([ReplicaProcess(p, "", d, port_file=f) for p, f, d, _ in procs])
+                if reason:
+                    raise RuntimeError(f"server replica on {dev}: {reason}")
+                what = f"exited (code {proc.returncode})" if proc.returncode is not None else f"did not bind within {startup_timeout_s:.0f} s"
+                raise RuntimeError(f"server replica on {dev} {what} before binding its port")
             time.sleep(0.02)
-        out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev, ipc))
+        out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev, ipc, port_file))
     return out
 
 
 def stop_replicas(replicas: list[ReplicaProcess], timeout_s: float = 20.0) -> None:
-    """SIGTERM (the replica drains), then SIGKILL whatever is still alive after ``timeout_s``."""
+    """SIGTERM (the replica drains), then SIGKILL whatever is still alive after ``timeout_s``; then
+    remove the replicas' work folders (port files, Unix sockets)."""
     for r in replicas:
         if r.proc.poll() is None:
             r.proc.terminate()
@@ -94,6 +108,24 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout_s: float = 20.0) -> No
         except subprocess.TimeoutExpired:
             r.proc.kill()
             r.proc.wait()
+    for workdir in {r.port_file.parent for r in replicas if r.port_file is not None}:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def bind_gateway_socket(host: str, port: int) -> socket.socket:
+    """The gateway's listening socket, bound before any replica starts so that a port in use fails
+    the command at once (not after the model has loaded). Same options as uvicorn's own bind
+    (SO_REUSEADDR, inheritable for ``--gateway-workers``). Raises OSError naming the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror} (choose another --port)") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def localize_model(cfg: ServeConfig) -> ServeConfig:
@@ -130,6 +162,7 @@ def serve(cfg: ServeConfig) -> int:
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
     model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
+    sock = bind_gateway_socket(cfg.host, cfg.port)
     groups: list[list[ReplicaProcess]] = []  # each model's replica processes
     gcfgs: list[ServeConfig] = []  # each model's config, its replicas' addresses filled in
     try:
@@ -144,6 +177,7 @@ def serve(cfg: ServeConfig) -> int:
             gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths)))
     except BaseException:
         stop_replicas([r for g in groups for r in g])
+        sock.close()
         raise
     replicas = [r for g in groups for r in g]
     try:
@@ -170,7 +204,7 @@ def serve(cfg: ServeConfig) -> int:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
                               timeout_graceful_shutdown=30, **common)
-        supervisor = Multiprocess(ucfg, sockets=[ucfg.bind_socket()])
+        supervisor = Multiprocess(ucfg, sockets=[sock])
         run, stop = supervisor.run, supervisor.should_exit.set
     else:
         from bouquet.gateway.app import create_app
@@ -179,12 +213,15 @@ def serve(cfg: ServeConfig) -> int:
         drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
         app = create_app(list(zip(gcfgs, specs)), drain)
         server = DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=5, **common), drain)
-        run, stop = server.run, lambda: setattr(server, "should_exit", True)
+        run, stop = (lambda: server.run(sockets=[sock])), lambda: setattr(server, "should_exit", True)
     failed, finished = threading.Event(), threading.Event()
+    reasons: list[str] = []
 
     def watch() -> None:
         while not finished.wait(0.5):
-            if any(g and all(r.proc.poll() is not None for r in g) for g in groups):
+            dead = next((g for g in groups if g and all(r.proc.poll() is not None for r in g)), None)
+            if dead is not None:
+                reasons.extend(dict.fromkeys(e for e in (r.error() for r in dead) if e))
                 log.error("bouquet: every server replica of a model has exited; stopping the gateway")
                 failed.set()
                 stop()
@@ -198,6 +235,8 @@ def serve(cfg: ServeConfig) -> int:
     finally:
         finished.set()
         stop_replicas(replicas)
+    if reasons:  # e.g. a model that --quantization fp8 refuses, found after the port was bound
+        raise RuntimeError("server replica: " + "; ".join(reasons))
     return 1 if failed.is_set() else 0
 
 

@@ -104,6 +104,9 @@ def test_invalid_json_and_unknown_model(minilm_server):
 
     r = httpx.post(minilm_server.url + "/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(minilm_server.url + "/v1/embeddings", content=b'{"input": "caf\xe9"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert r.json()["error"]["message"] == "request body is not valid UTF-8: byte 0xe9 at offset 14"
     r = minilm_server.embed("x", model="gpt-4")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = httpx.get(minilm_server.url + "/v1/models")

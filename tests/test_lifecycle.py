@@ -1,14 +1,22 @@
-"""`bouquet serve` process lifecycle: no orphan server processes after SIGTERM or SIGKILL."""
+"""`bouquet serve` process lifecycle: no orphan server processes after SIGTERM or SIGKILL, no work
+folders left behind, and start-up failures that end the command with one clear line."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from helpers import BouquetProcess
+from bouquet.modelspec import resolve_model_path
+from helpers import REPO, BouquetProcess, free_port
 
 
 def children(pid: int) -> list[int]:
@@ -44,3 +52,65 @@ def test_no_orphans(sig):
         assert wait_gone(kids, 30) == []
     finally:
         srv.stop()
+
+
+def serve_fails(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str]:
+    """Run `bouquet serve` expecting it to stop by itself: (exit code, stdout + stderr)."""
+    cmd = [sys.executable, "-m", "bouquet", "serve", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+    return out.returncode, out.stdout + out.stderr
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def test_replica_work_folder_removed_on_stop(tmp_path):
+    # Port files and Unix sockets live in one work folder per `serve`; a stopped server leaves none.
+    srv = BouquetProcess(env={"TMPDIR": str(tmp_path)})
+    try:
+        folders = list(tmp_path.glob("bouquet-*/"))
+        assert len(folders) == 1 and (folders[0] / "replica0.port").exists()
+        assert srv.embed("hello").status_code == 200
+    finally:
+        assert srv.stop() == 0
+    assert list(tmp_path.glob("bouquet-*/")) == []
+    assert "WARNING" not in srv.log_path.read_text(), "a clean stop should not warn (e.g. of a lost replica)"
+
+
+def test_port_in_use_fails_before_loading(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        code, out = serve_fails("--port", str(port), "--device", "cpu", env={"TMPDIR": str(tmp_path)})
+    assert code == 1, out
+    assert last_line(out) == f"error: cannot listen on 127.0.0.1:{port}: Address already in use (choose another --port)"
+    assert "loading" not in out and "Traceback" not in out, out  # no replica was started
+    assert time.monotonic() - t0 < 30
+    assert list(tmp_path.glob("bouquet-*/")) == []
+
+
+def test_replica_startup_error_is_one_line(tmp_path):
+    # A replica refusing the user's choice ends the command with its reason, without a traceback;
+    # here a config that does not match the checkpoint (found after the gRPC port is bound).
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path(None), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
+    code, out = serve_fails("--model", str(model), "--port", str(free_port()), "--device", "cpu",
+                            env={"TMPDIR": str(tmp_path)})
+    assert code == 1, out
+    assert last_line(out).startswith("error: server replica: ") and "checkpoint shape (384,)" in last_line(out), out
+    assert "Traceback" not in out, out
+    assert list(tmp_path.glob("bouquet-*/")) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_gpu_is_one_line(tmp_path):
+    code, out = serve_fails("--port", str(free_port()), "--device", "cuda", env={"TMPDIR": str(tmp_path)})
+    assert code == 1, out
+    assert last_line(out) == "error: server replica on cuda: --device cuda was requested but torch sees no CUDA device", out
+    assert "Traceback" not in out, out
+    assert list(tmp_path.glob("bouquet-*/")) == []

@@ -182,11 +182,12 @@ class Engine:
         cos = output_cosines(fp8, ref)
         kinds = sorted({p.kind for p in projections(self.model) if p.fp8 is not None})
         kept = sum(p.fp8_stored for p in projections(self.model))
+        dt = str(self.dtype).removeprefix("torch.")  # the model dtype: bfloat16 on the GPU by default, float32 on the CPU
         log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer; per-channel weight and per-token "
-                 "activation scales; %d with the checkpoint's own fp8 weights, the others quantized at load); bf16 "
+                 "activation scales; %d with the checkpoint's own fp8 weights, the others quantized at load); %s "
                  "for the other matmuls, embeddings, norms, attention, pooling and heads, and for steps under %d "
-                 "tokens; probe batch cosine vs bf16 min %.5f mean %.5f",
-                 n, "+".join(kinds), kept, FP8_MIN_TOKENS, cos.min(), cos.mean())
+                 "tokens; probe batch cosine vs %s min %.5f mean %.5f",
+                 n, "+".join(kinds), kept, dt, FP8_MIN_TOKENS, dt, cos.min(), cos.mean())
         self.fp8_cosine = (float(cos.min()), float(cos.mean()))
         if not np.isfinite(cos).all() or cos.min() < min_cosine:
             raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "

@@ -143,6 +143,7 @@ class IpcChannel(asyncio.Protocol):
 
     def close(self) -> None:
         self._fail_all("gateway shutting down")
+        self.on_lost = lambda why: None  # closed on purpose: not a lost replica (no warning at shutdown)
         if self._transport is not None:
             self._transport.close()
 

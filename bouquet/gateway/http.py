@@ -89,6 +89,11 @@ def parse_json(body: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as e:
+        try:  # orjson names bad UTF-8 as "surrogates not allowed" at char 0: say where the byte is
+            body.decode("utf-8")
+        except UnicodeDecodeError as u:
+            raise bad_request(f"request body is not valid UTF-8: byte 0x{body[u.start]:02x} at offset {u.start}",
+                              None, "invalid_json") from None
         raise bad_request(f"request body is not valid JSON: {e}", None, "invalid_json") from None
     if not isinstance(obj, dict):
         raise bad_request(f"request body must be a JSON object, got {type(obj).__name__}", None, "invalid_json")

@@ -87,8 +87,16 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    engine = await asyncio.to_thread(build_engine, cfg, spec, device)
-    await asyncio.to_thread(engine.warmup)
+    try:
+        engine = await asyncio.to_thread(build_engine, cfg, spec, device)
+        await asyncio.to_thread(engine.warmup)
+    except BaseException:
+        # Stopped here, on its loop: a gRPC server left to the garbage collector prints a traceback.
+        await server.stop(grace=0)
+        if ipc_server is not None:
+            ipc_server.close()
+        loop_task.cancel()
+        raise
     service.attach(engine)
     # Everything allocated so far (torch, the model, graphs) lives as long as the process: keep it
     # out of every later garbage collection, whose full passes otherwise scan it again and again.
@@ -133,7 +141,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.standalone:
         _die_with_parent()
-    run_async(serve(cfg, args.port_file, args.device, args.host, args.ipc_path))
+    try:
+        run_async(serve(cfg, args.port_file, args.device, args.host, args.ipc_path))
+    except ValueError as e:  # the user's choices (device, dtype, model, quantization): one line, no traceback
+        if args.port_file:  # the launcher reports it as the command's error (launcher.ReplicaProcess.error)
+            with open(args.port_file + ".error", "w") as f:
+                f.write(str(e))
+        else:
+            log.error("server: cannot start: %s", e, exc_info=cfg.log_level.lower() == "debug")
+        sys.exit(1)
 
 
 def run_async(coro: "asyncio.Future[None] | object") -> None:
