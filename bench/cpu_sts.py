@@ -1,6 +1,7 @@
 """CPU throughput on the STS Benchmark sentences: bouquet vs sentence-transformers, side by side.
 
-Usage: python bench/cpu_sts.py [--split dev] [--repeats 3] [--out bench/results/cpu-sts.json]
+Usage: python bench/cpu_sts.py [--split dev] [--repeats 3] [--out bench/out/cpu-sts.json]
+(the recorded figures were written with --out bench/results/cpu-sts.json)
 
 Rows (sentences/s, best of ``--repeats``, all in this one run on this machine):
 - ``sentence-transformers``: ``SentenceTransformer.encode`` (batch 32, sorts by length).
@@ -45,7 +46,8 @@ def main() -> None:
     ap.add_argument("--split", default="dev")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu-sts.json"))
+    # bench/out/ is ignored by git: a re-run does not overwrite the recorded bench/results/cpu-sts.json
+    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "cpu-sts.json"))
     args = ap.parse_args()
 
     import torch

@@ -18,8 +18,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   context_settings={"max_content_width": 100}, help="bouquet: fast embedding and reranking server.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from bouquet import __version__
+
+        typer.echo(f"bouquet {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
     """bouquet: serve embedding and reranking models (gateway → gRPC replicas → packed engine)."""
 
 
@@ -75,7 +84,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "engine": (str, "engine", typer.Option(
         _default("engine"), help="torch (the model) | noop (benchmarking aid: loads the model's spec and tokenizer "
         "but runs no model; every input gets a zero vector of the model's dimension).")),
-    "log_level": (str, "log_level", typer.Option(_default("log_level"))),
+    "log_level": (str, "log_level", typer.Option(_default("log_level"), help="critical | error | warning | info | debug")),
 }
 
 
@@ -134,6 +143,8 @@ def serve(
     max_inputs: int = typer.Option(_default("max_inputs"), help="Most inputs per request."),
     timeout_keep_alive: float = typer.Option(_default("timeout_keep_alive"), help="Close idle HTTP keep-alive "
                                              "connections after this many seconds (keep it above your clients' idle expiry)."),
+    drain_timeout: float = typer.Option(_default("drain_timeout"), help="On SIGTERM, seconds that requests in flight "
+                                        "get to finish (new ones are answered 503); those still running then get 503 too."),
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
                                      help="Refuse over-long inputs by default instead of truncating."),
@@ -151,7 +162,7 @@ def serve(
         device=device, replicas=replicas, gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport,
         servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
-        api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
+        drain_timeout=drain_timeout, api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
     )
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve as run
@@ -203,6 +214,16 @@ def bench(
     query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),
 ) -> None:
     """Run the benchmarks (bench/README.md) against bouquet and the transformers baseline, side by side."""
+    if device not in ("cuda", "cpu"):
+        typer.echo(f"error: --device must be cuda or cpu, got {device!r}", err=True)
+        raise typer.Exit(2)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            typer.echo("error: --device cuda (the default): torch sees no CUDA device; on a CPU use --device cpu "
+                       "(with --tiny for a quick run)", err=True)
+            raise typer.Exit(2)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.bench.driver import BenchOptions, run_bench
     from bouquet.bench.run import Settings
@@ -253,10 +274,15 @@ def embed(
     ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster through Ray Data (needs the ray extra: pip install bouquet\\[ray])."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (with --ray); none = start a local Ray."),
     workers: int = typer.Option(0, help="With --ray: engine actors (0 = one per GPU, or 2 on CPU)."),
-    log_level: str = typer.Option("warning"),
+    log_level: str = typer.Option("warning", help="critical | error | warning | info | debug"),
 ) -> None:
     """Embed every document of INPUT into OUTPUT: streaming, resumable, tokenization alongside the engine."""
+    from bouquet.config import LOG_LEVELS
     from bouquet.jobs.embed_job import EmbedJobConfig
+
+    if log_level.lower() not in LOG_LEVELS:
+        typer.echo(f"error: --log-level must be one of {LOG_LEVELS}, got {log_level!r}", err=True)
+        raise typer.Exit(2)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -23,6 +23,7 @@ Transport = Literal["auto", "grpc"]
 TRANSPORTS: tuple[str, ...] = ("auto", "grpc")
 Quantization = Literal["none", "fp8"]
 QUANTIZATIONS: tuple[str, ...] = ("none", "fp8")
+LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")  # Python logging's names
 
 # Default sizes, written here only (the server, the offline job and the CLI read them from here).
 MAX_BATCH_SEQS = 512  # sequence slots per engine step
@@ -109,6 +110,9 @@ class ServeConfig:
     # same as httpx's) a client can send on a connection at the moment the server closes it, and
     # that request gets no reply (ReadError). 75 s is nginx's default.
     timeout_keep_alive: float = 75.0
+    # SIGTERM: requests in flight get this many seconds to finish (new ones are answered 503), then
+    # those still running are answered 503 too (gateway/drain.py). Kubernetes' default grace is 30 s.
+    drain_timeout: float = 30.0
     max_inputs: int = 4096
     api_key: str | None = field(default=None, repr=False)  # a secret: kept out of reprs and replicas
     # Browser origins allowed to call the API (CORS, gateway/app.py); empty = no CORS headers at all.
@@ -139,6 +143,8 @@ class ServeConfig:
             raise ConfigError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         for name in ("port", "grpc_port"):
@@ -164,6 +170,8 @@ class ServeConfig:
             raise ConfigError(f"ipc_paths has {len(self.ipc_paths)} entries for {len(self.servers)} servers")
         if not self.timeout_keep_alive > 0:
             raise ConfigError(f"--timeout-keep-alive must be > 0, got {self.timeout_keep_alive}")
+        if not self.drain_timeout >= 0:
+            raise ConfigError(f"--drain-timeout must be >= 0 (seconds), got {self.drain_timeout}")
         if self.graph_max_tokens < 64:
             raise ConfigError(f"--graph-max-tokens must be >= 64 (the smallest bucket), got {self.graph_max_tokens}")
         for b in self.capture_buckets:

@@ -195,22 +195,22 @@ def serve(cfg: ServeConfig) -> int:
 
         from bouquet.gateway.factory import GATEWAY_CONFIG_ENV, configs_to_json
 
-        # Spawned workers inherit the environment: the factory reads the configs from it.
-        # (Each worker is a plain uvicorn server: SIGTERM closes its listener after in-flight
-        # requests finish, up to 30 s; the 503 drain phase is single-worker only.)
+        # Spawned workers inherit the environment: the factory reads the configs from it. At
+        # SIGTERM the supervisor signals each worker, which drains as the single-process gateway
+        # does (503 to new requests, up to 30 s for those in flight; factory.py, drain.py).
         os.environ[GATEWAY_CONFIG_ENV] = configs_to_json(gcfgs)
         # The workers are the parallelism: a Rust thread pool of one thread per core in each of
         # them would oversubscribe the cores (an explicit setting wins).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
-                              timeout_graceful_shutdown=30, **common)
+                              timeout_graceful_shutdown=5, **common)
         supervisor = Multiprocess(ucfg, sockets=[sock])
         run, stop = supervisor.run, supervisor.should_exit.set
     else:
         from bouquet.gateway.app import create_app
         from bouquet.gateway.drain import DrainingServer, DrainState
 
-        drain = DrainState(timeout_s=30)  # SIGTERM: finish requests in flight (≤ 30 s), answer new ones 503
+        drain = DrainState(timeout_s=cfg.drain_timeout)  # SIGTERM: finish requests in flight, answer new ones 503
         app = create_app(list(zip(gcfgs, specs)), drain)
         server = DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=5, **common), drain)
         run, stop = (lambda: server.run(sockets=[sock])), lambda: setattr(server, "should_exit", True)

@@ -1,11 +1,14 @@
 """Shared test utilities: real server processes on free ports, the STS Benchmark, references."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -16,6 +19,10 @@ import numpy as np
 from bouquet.bench.sts import read_sts as _read_sts
 
 REPO = Path(__file__).resolve().parents[1]
+# Server logs of this test run, in one folder removed when the run ends (a failing test puts the
+# log's tail in its message).
+LOG_DIR = Path(tempfile.mkdtemp(prefix="bouquet-test-logs-"))
+atexit.register(shutil.rmtree, LOG_DIR, True)
 # The STS Benchmark travels with the repository (tests/data/stsbenchmark, its LICENSE.txt beside it).
 STS_DIR = REPO / "tests" / "data" / "stsbenchmark"
 
@@ -41,14 +48,14 @@ class BouquetProcess:
     """`bouquet serve` as a real child process on free ports; stop() sends SIGTERM."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
-                 wait_for: tuple[int, ...] = (200,), device: str = "cpu") -> None:
+                 wait_for: tuple[int, ...] = (200,), device: str = "cpu", new_session: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(self.port), "--device", device, *args]
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bouquet-test-{self.port}.log"
+        self.log_path = LOG_DIR / f"serve-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, start_new_session=new_session)
         self.wait_healthy(startup_timeout, wait_for)
 
     def wait_healthy(self, timeout: float, wait_for: tuple[int, ...] = (200,)) -> None:

@@ -3,6 +3,7 @@ errors raised below the routes (HTTP parsing, body framing, media type) in the A
 without costing a neighbour its response, ties in rerank, and which input an error names."""
 from __future__ import annotations
 
+import gzip
 import socket
 
 import httpx
@@ -111,6 +112,8 @@ def test_http_level_errors_are_json_in_the_routes_shape(minilm_server):
          "unsupported_media_type"),
         (post_bytes("/v1/embeddings", b"", "Connection: close\r\n", length=10**9), 413, "payload_too_large"),
         (post_bytes("/embed", b"{}", "Content-Type: application/x-www-form-urlencoded\r\nConnection: close\r\n"), 415, None),
+        (post_bytes("/v1/embeddings", gzip.compress(EMBED), "Content-Encoding: gzip\r\nConnection: close\r\n"), 415,
+         "unsupported_media_type"),
     ]
     for payload, status, code in cases:
         (got, body), = exchange(minilm_server, payload)
@@ -120,7 +123,8 @@ def test_http_level_errors_are_json_in_the_routes_shape(minilm_server):
         else:
             assert body["error"]["code"] == code and body["error"]["type"] == "invalid_request_error", body
     # JSON with a charset, a +json type, or no Content-Type at all is read as JSON.
-    for headers in ("Content-Type: application/json; charset=utf-8\r\n", "Content-Type: application/vnd.x+json\r\n", ""):
+    for headers in ("Content-Type: application/json; charset=utf-8\r\n", "Content-Type: application/vnd.x+json\r\n", "",
+                    "Content-Encoding: identity\r\n"):
         (got, body), = exchange(minilm_server, post_bytes("/v1/embeddings", EMBED, headers + "Connection: close\r\n"))
         assert got == 200, body
 

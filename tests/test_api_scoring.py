@@ -131,3 +131,14 @@ def test_bi_encoder_score_spearman_on_stsb(minilm_server):
     rr = post(minilm_server, "/v1/rerank", {"query": s1[0], "documents": s2[:20]}).json()["results"]
     cos0 = cosine_rows(np.repeat(v1[:1], 20, 0), v2)
     assert [x["index"] for x in rr] == list(np.argsort(-cos0, kind="stable"))
+
+
+def test_bi_encoder_long_query_error_names_the_query(minilm_server):
+    # Queries are never truncated, `truncate: true` or not; the message says so, about the query.
+    for truncate in (True, False):
+        r = post(minilm_server, "/v1/rerank", {"query": "word " * 400, "documents": ["a"], "truncate": truncate})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "query" and err["code"] == "context_length_exceeded"
+        assert err["message"].startswith("a query has 402 tokens") and "queries are never truncated" in err["message"], err
+    assert post(minilm_server, "/v1/rerank", {"query": "q", "documents": ["a" * 5000]}).status_code == 200

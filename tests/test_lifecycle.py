@@ -41,8 +41,8 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_no_orphans(sig):
-    srv = BouquetProcess()
+def test_no_orphans(sig, tmp_path):
+    srv = BouquetProcess(env={"TMPDIR": str(tmp_path)})
     try:
         kids = children(srv.proc.pid)
         assert kids, "the launcher should have started a server process"
@@ -52,6 +52,7 @@ def test_no_orphans(sig):
         assert wait_gone(kids, 30) == []
     finally:
         srv.stop()
+    assert list(tmp_path.glob("bouquet-*/")) == []  # no work folder left, even by a killed launcher
 
 
 def serve_fails(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str]:
@@ -65,17 +66,22 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
-def test_replica_work_folder_removed_on_stop(tmp_path):
-    # Port files and Unix sockets live in one work folder per `serve`; a stopped server leaves none.
-    srv = BouquetProcess(env={"TMPDIR": str(tmp_path)})
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_cleanly(tmp_path, workers):
+    # Ctrl-C in a terminal signals the whole process group (launcher, gateway workers, replicas):
+    # the gateway drains while the replicas keep serving, nothing warns, no work folder is left.
+    srv = BouquetProcess("--gateway-workers", str(workers), env={"TMPDIR": str(tmp_path)}, new_session=True)
     try:
         folders = list(tmp_path.glob("bouquet-*/"))
         assert len(folders) == 1 and (folders[0] / "replica0.port").exists()
         assert srv.embed("hello").status_code == 200
+        os.killpg(srv.proc.pid, signal.SIGINT)
+        assert srv.proc.wait(60) == 0
     finally:
-        assert srv.stop() == 0
+        srv.stop()
     assert list(tmp_path.glob("bouquet-*/")) == []
-    assert "WARNING" not in srv.log_path.read_text(), "a clean stop should not warn (e.g. of a lost replica)"
+    log = srv.log_path.read_text()
+    assert "WARNING" not in log and "Traceback" not in log, log[-3000:]
 
 
 def test_port_in_use_fails_before_loading(tmp_path):
@@ -111,6 +117,6 @@ def test_replica_startup_error_is_one_line(tmp_path):
 def test_cuda_without_gpu_is_one_line(tmp_path):
     code, out = serve_fails("--port", str(free_port()), "--device", "cuda", env={"TMPDIR": str(tmp_path)})
     assert code == 1, out
-    assert last_line(out) == "error: server replica on cuda: --device cuda was requested but torch sees no CUDA device", out
+    assert last_line(out) == "error: server replica on cuda: cuda was requested (--device cuda or --gpus) but torch sees no CUDA device", out
     assert "Traceback" not in out, out
     assert list(tmp_path.glob("bouquet-*/")) == []

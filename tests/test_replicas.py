@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
 import httpx
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 from bouquet.proto.rpc import HEALTH_SERVING
-from helpers import BouquetProcess, cosine_rows, free_port, read_sts
+from helpers import LOG_DIR, BouquetProcess, cosine_rows, free_port, read_sts
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -89,7 +88,7 @@ def test_large_request_is_spread_and_reassembled(three_replicas, texts, referenc
 def standalone_server():
     """`bouquet server`: one replica on a fixed address, as on a remote machine."""
     port = free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bouquet-server-{port}.log", "wb")
+    log = open(LOG_DIR / f"server-{port}.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180

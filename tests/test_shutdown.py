@@ -78,3 +78,47 @@ def _gone(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def _drain_case(srv: BouquetProcess, settle_s: float) -> tuple[dict[str, httpx.Response], threading.Thread, float]:
+    """Start BIG in flight, SIGTERM the launcher, wait ``settle_s``; new requests must get 503."""
+    result: dict[str, httpx.Response] = {}
+    inflight = threading.Thread(target=lambda: result.setdefault("r", srv.embed(BIG * 4)))
+    inflight.start()
+    time.sleep(0.5)
+    t_term = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(settle_s)
+    for _ in range(4):  # with gateway workers, new connections may land on any of them
+        with httpx.Client() as fresh:
+            openai_error(fresh.post(srv.url + "/v1/embeddings", json={"input": "new"}, timeout=10), 503, code="shutting_down")
+    return result, inflight, t_term
+
+
+def test_drain_timeout_answers_the_requests_still_running_503():
+    # BIG * 4 (~64k tokens) takes far longer than the 1 s drain on a CPU: at the deadline the
+    # gateway answers it 503 in the API's shape (not a plain-text 500 or a reset) and exits cleanly.
+    srv = BouquetProcess("--drain-timeout", "1")
+    try:
+        result, inflight, t_term = _drain_case(srv, 0.3)
+        inflight.join(30)
+        err = openai_error(result["r"], 503, code="shutting_down")
+        assert "shut down before this request finished" in err["message"]
+        assert int(result["r"].headers["retry-after"]) >= 1
+        assert srv.proc.wait(30) == 0
+        assert time.monotonic() - t_term < 20
+        assert "answering them 503" in srv.log()
+    finally:
+        srv.stop()
+
+
+def test_gateway_workers_drain_on_sigterm():
+    srv = BouquetProcess("--gateway-workers", "2", "--drain-timeout", "60")
+    try:
+        result, inflight, _ = _drain_case(srv, 1.0)  # the supervisor signals its workers within 0.5 s
+        inflight.join(120)
+        assert result["r"].status_code == 200, result["r"].text[:300]
+        assert len(result["r"].json()["data"]) == len(BIG) * 4
+        assert srv.proc.wait(45) == 0
+    finally:
+        srv.stop()

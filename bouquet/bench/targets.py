@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -289,3 +290,4 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)  # its log's tail is in the error when it failed (check)

@@ -47,12 +47,14 @@ ROUTES = Routes(
 )
 
 
-def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainState | None = None) -> ASGIApp:
+def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainState | None = None,
+               take_signals: bool = False) -> ASGIApp:
     """Build the gateway's ASGI app for one or more models, each given as its single-model config
     (``ServeConfig.per_model``, its replicas in ``servers``, over a Unix socket where ``ipc_paths``
     names one) and spec; app-wide settings (API key, CORS, limits) are the first config's. The
     replica pools connect on start-up (ASGI lifespan). ``drain``: answer 503 while it says so
-    (single-process gateway, drain.py). Raises ConfigError when two models share a name."""
+    (drain.py); with ``take_signals`` (a ``--gateway-workers`` process) SIGTERM/SIGINT start it.
+    Raises ConfigError when two models share a name."""
     cfg = models[0][0]
     # One tokenizer thread pool and one metrics registry for the process, whatever the model count.
     executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="bouquet-tok")
@@ -67,6 +69,8 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for gw in gateways:
             await gw.pool.start()
+        if drain is not None and take_signals:
+            drain.take_signals()  # uvicorn.Server has installed its handlers by now
         # The app, its libraries and the tokenizer live as long as the worker: keep them out of
         # later garbage collections (their full passes showed in the per-request CPU).
         gc.collect()

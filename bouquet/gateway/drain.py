@@ -5,16 +5,24 @@ shutdown is refused at the TCP level and cannot tell "going away" from "crashed"
 first flips the gateway to *draining*: requests already running finish; new ones (``/health``
 included, so load balancers take this instance out) get 503 in the API's error shape with
 ``Retry-After``; once nothing is in flight, or after ``timeout_s``, uvicorn's normal shutdown
-runs and the launcher then stops the replicas. A second SIGINT/SIGTERM exits at once.
+runs and the launcher then stops the replicas. Requests still running at ``timeout_s`` are cancelled
+and answered 503 too (not left to uvicorn, whose own cancellation answers a plain-text 500). A
+second SIGINT/SIGTERM exits at once.
+
+Two ways in: the single-process gateway runs ``DrainingServer``; each ``--gateway-workers`` process
+(run by uvicorn's supervisor, which sends it SIGTERM) calls ``DrainState.take_signals`` at start-up.
 
 What this module does not own: stopping replicas (launcher.py), draining inside a replica
 (server/service.py ``drain``).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import time
 from types import FrameType
+from typing import Any, Callable
 
 import uvicorn
 
@@ -25,10 +33,15 @@ class DrainState:
     """Requests in flight and whether the gateway is draining; shared by the front (front.py,
     which counts requests and answers 503 while draining) and the server below."""
 
-    def __init__(self, timeout_s: float, retry_after_s: int = 5) -> None:
-        self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
+    def __init__(self, timeout_s: float, retry_after_s: int = 5, cancel_grace_s: float = 2.0) -> None:
+        self.timeout_s, self.retry_after_s, self.cancel_grace_s = timeout_s, retry_after_s, cancel_grace_s
         self.inflight = 0
         self.deadline: float | None = None  # set when draining starts
+        self.expired = False  # past the deadline: the requests still running were cancelled
+        # The tasks of the POST requests running now (front.py adds and removes them): cancelled at
+        # the deadline, and each answers 503 itself.
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._watch: asyncio.Task[None] | None = None  # take_signals: waits for done(), then exits
 
     @property
     def draining(self) -> bool:
@@ -40,14 +53,52 @@ class DrainState:
             log.info("bouquet: draining: %d request(s) in flight, waiting up to %.0f s", self.inflight, self.timeout_s)
 
     def done(self) -> bool:
-        """True once draining and either idle or past the deadline."""
+        """True once draining and either idle, or past the deadline by ``cancel_grace_s`` (the
+        requests cancelled at the deadline have answered by then)."""
         if self.deadline is None:
             return False
-        if self.inflight and time.monotonic() < self.deadline:
+        if not self.inflight:
+            return True
+        now = time.monotonic()
+        if now < self.deadline:
             return False
-        if self.inflight:
-            log.warning("bouquet: drain timeout with %d request(s) still in flight", self.inflight)
-        return True
+        if not self.expired:
+            self.expired = True
+            log.warning("bouquet: drain timeout with %d request(s) still in flight: answering them 503", self.inflight)
+            for task in self.tasks:
+                task.cancel()
+            return False
+        return now >= self.deadline + self.cancel_grace_s
+
+    def take_signals(self) -> None:
+        """In a gateway worker process, on its running event loop: the first SIGTERM starts the
+        drain, and uvicorn's own handler (which closes the listener) runs once ``done()``; a second
+        one goes to uvicorn's handler at once. Replaces the handler uvicorn.Server installed (it
+        uses ``signal.signal``, so it is there to wrap). SIGINT is ignored: Ctrl-C reaches the
+        whole process group, and the supervisor relays it to each worker as SIGTERM (a SIGINT
+        here too would be the second signal that cuts the drain short)."""
+        loop = asyncio.get_running_loop()
+        uvicorn_exit = signal.getsignal(signal.SIGTERM)
+        if not callable(uvicorn_exit):
+            return  # not run by uvicorn.Server (tests, other servers): leave signals alone
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            if self.draining:
+                uvicorn_exit(signum, frame)
+                return
+            self.start()
+            loop.call_soon_threadsafe(self._watch_drain, uvicorn_exit, signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _watch_drain(self, exit_: Callable[..., Any], signum: int) -> None:
+        self._watch = asyncio.get_running_loop().create_task(self._exit_when_done(exit_, signum))  # kept: the loop holds tasks weakly
+
+    async def _exit_when_done(self, exit_: Callable[..., Any], signum: int) -> None:
+        while not self.done():
+            await asyncio.sleep(0.1)
+        exit_(signum, None)
 
 
 class DrainingServer(uvicorn.Server):

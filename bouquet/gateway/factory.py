@@ -4,7 +4,7 @@ worker processes that import ``bouquet.gateway.factory:app_from_env`` and call i
 The launcher passes each served model's ServeConfig (``ServeConfig.per_model``), with its replica
 addresses already resolved into ``servers``, through one environment variable (a JSON list); it is
 read when a worker calls the factory, never at import time. Every worker therefore serves every
-model and talks to the same replicas. What it does not own: starting
+model and talks to the same replicas, and drains on SIGTERM (drain.py). What it does not own: starting
 replicas (launcher.py) or routes (app.py).
 """
 from __future__ import annotations
@@ -38,4 +38,8 @@ def app_from_env() -> ASGIApp:
     cfgs = [ServeConfig.from_json(json.dumps(c)) for c in json.loads(text)]
     if not cfgs or not all(c.servers for c in cfgs):
         raise ConfigError(f"${GATEWAY_CONFIG_ENV} lists a model without replica addresses (servers)")
-    return create_app([(c, load_spec(c.model, c.served_model_name[0] if c.served_model_name else None)) for c in cfgs])
+    from bouquet.gateway.drain import DrainState
+
+    models = [(c, load_spec(c.model, c.served_model_name[0] if c.served_model_name else None)) for c in cfgs]
+    # SIGTERM from the supervisor drains this worker as it does the single-process gateway.
+    return create_app(models, DrainState(timeout_s=cfgs[0].drain_timeout), take_signals=True)

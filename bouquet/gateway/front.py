@@ -138,7 +138,16 @@ class Front:
                     await self._send(send, err.response_for(path), path, method, t0)
                     return
             if method == "POST" and path in self.routes.post:
-                await self._post(self.routes.post[path], scope, receive, send, t0)
+                if drain is None:
+                    await self._post(self.routes.post[path], scope, receive, send, t0)
+                else:
+                    task = asyncio.current_task()
+                    assert task is not None
+                    drain.tasks.add(task)
+                    try:
+                        await self._post(self.routes.post[path], scope, receive, send, t0)
+                    finally:
+                        drain.tasks.discard(task)
             elif (method == "GET" or method == "HEAD") and (path in self.routes.get or self._item(path)):
                 try:
                     if path in self.routes.get:
@@ -183,10 +192,16 @@ class Front:
         except ClientDisconnect:
             return  # gone before its body arrived: no one to answer
         except asyncio.CancelledError:
-            if not watch.cancelled:
+            drain = self.drain
+            if watch.cancelled:
+                task.uncancel()
+                return
+            if drain is None or not drain.expired:
                 raise
-            task.uncancel()
-            return
+            task.uncancel()  # cancelled at the drain deadline (drain.py): the client gets a 503, not a reset
+            response = APIError(503, "the server shut down before this request finished; retry on another instance",
+                                None, "shutting_down", headers={"Retry-After": str(drain.retry_after_s),
+                                                                "Connection": "close"}).response_for(path)
         except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
             log.exception("unhandled error on %s", path)
             response = internal_error(e).response_for(path)

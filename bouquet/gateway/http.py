@@ -33,7 +33,8 @@ def check_body_headers(headers: list[tuple[bytes, bytes]], limit: int) -> int | 
 
     Raises APIError 411 without ``Content-Length`` or chunked transfer encoding (RFC 9110
     §15.5.12), 413 beyond ``limit`` bytes, 415 for a declared media type that is not JSON (a
-    request without ``Content-Type`` is read as JSON).
+    request without ``Content-Type`` is read as JSON) or a ``Content-Encoding`` other than
+    ``identity`` (bodies are not decompressed; RFC 9110 §15.5.16).
     """
     length: bytes | None = None
     chunked = False
@@ -46,6 +47,9 @@ def check_body_headers(headers: list[tuple[bytes, bytes]], limit: int) -> int | 
             media = value.split(b";", 1)[0].strip().decode("latin-1")
             raise APIError(415, f"Content-Type {media!r} is not supported; send the body as JSON with "
                                 "'Content-Type: application/json'", None, "unsupported_media_type")
+        elif name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            raise APIError(415, f"Content-Encoding {value.decode('latin-1')!r} is not supported; send the body "
+                                "uncompressed", None, "unsupported_media_type", headers={"Accept-Encoding": "identity"})
     if length is None:
         if chunked:
             return None

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from starlette.responses import Response
 
+from bouquet import __version__
 from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request
@@ -20,7 +21,7 @@ from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_sparse import openai_token_embeddings
 
-VERSION = "0.1.0"
+VERSION = __version__
 
 
 async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:

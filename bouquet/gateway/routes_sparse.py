@@ -151,13 +151,18 @@ def _tei_direction(body: dict[str, Any]) -> str:
     return direction
 
 
+def _f32(a: np.ndarray) -> np.ndarray:
+    """float32 and C-contiguous: what orjson serializes as an array, in float32's shortest form."""
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
 async def embed_sparse_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed_sparse``: ``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name``,
     plus ``top_k`` and ``threshold`` → ``[[{"index", "value"}, ...], ...]``. Raises APIError 424
     on a model without sparse output (TEI's answer), 400 for invalid fields."""
     terms, _ = await sparse_vectors(gw, body, "inputs", _tei_direction(body))
-    return json_response([[{"index": int(i), "value": float(v)} for i, v in zip(idx.tolist(), val.tolist())]
-                          for idx, val in terms])
+    # float32 values go out as float32 (shortest repr, ~9 digits), as on every other route
+    return json_response([[{"index": i, "value": v} for i, v in zip(idx.tolist(), _f32(val))] for idx, val in terms])
 
 
 async def embed_all_route(gw: Gateway, body: dict[str, Any]) -> Response:
@@ -165,7 +170,7 @@ async def embed_all_route(gw: Gateway, body: dict[str, Any]) -> Response:
     per input its token vectors ``[[[float, ...], ...], ...]`` (``token_vectors``). Raises
     APIError 424 on a scoring or SPLADE model, 400 for invalid fields."""
     vecs, _ = await token_vectors(gw, body, "inputs", _tei_direction(body))
-    return json_response([v.tolist() for v in vecs])
+    return json_response([_f32(v) for v in vecs])
 
 
 async def openai_token_embeddings(gw: Gateway, body: dict[str, Any], output: str) -> Response:
@@ -182,11 +187,11 @@ async def openai_token_embeddings(gw: Gateway, body: dict[str, Any], output: str
     try:
         if output == "sparse":
             terms, tokens = await sparse_vectors(gw, body, "input", side)
-            data = [{"object": "sparse_embedding", "index": i, "embedding": {"indices": idx.tolist(), "values": val.tolist()}}
+            data = [{"object": "sparse_embedding", "index": i, "embedding": {"indices": idx.tolist(), "values": _f32(val)}}
                     for i, (idx, val) in enumerate(terms)]
         else:
             vecs, tokens = await token_vectors(gw, body, "input", side)
-            data = [{"object": "multi_vector_embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vecs)]
+            data = [{"object": "multi_vector_embedding", "index": i, "embedding": _f32(v)} for i, v in enumerate(vecs)]
     except APIError as e:
         if e.status != 424:
             raise

@@ -17,6 +17,8 @@ Over-long inputs lose document tokens, never query tokens: a query that alone do
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +121,9 @@ async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bo
         q = await embed(gw, TextInputs(uq, None, False), "error", "right", prompts.get("query"), True, None, priority)
     except APIError as e:
         e.param = "query"  # the query side is text_1 / query, never the embeddings route's 'input'
+        if e.code == "context_length_exceeded":  # worded for the query, whatever `truncate` says
+            e.message = re.sub(r"^input \d+ has", "a query has", e.message).replace(
+                "(truncation is off)", "(queries are never truncated; shorten it)")
         raise
     d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", "right",
                     prompts.get("document", prompts.get("passage")), True, None, priority)

@@ -356,5 +356,5 @@ class _ShardAssembler:
 def _progress(total: int | None, initial: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="rows", unit_scale=True, disable=not enabled,
+    return tqdm(total=total, initial=initial, unit="rows", unit_scale=False, disable=not enabled,
                 dynamic_ncols=True, mininterval=0.5, smoothing=0.1)

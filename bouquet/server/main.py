@@ -17,6 +17,7 @@ import ctypes
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -86,7 +87,8 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, stop.set)
     try:
         engine = await asyncio.to_thread(build_engine, cfg, spec, device)
         await asyncio.to_thread(engine.warmup)
@@ -141,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.standalone:
         _die_with_parent()
+        # Ctrl-C reaches the whole process group: the launcher stops its replicas (SIGTERM) once
+        # the gateway has drained, and the requests still in flight need them until then.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
     try:
         run_async(serve(cfg, args.port_file, args.device, args.host, args.ipc_path))
     except ValueError as e:  # the user's choices (device, dtype, model, quantization): one line, no traceback
@@ -150,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             log.error("server: cannot start: %s", e, exc_info=cfg.log_level.lower() == "debug")
         sys.exit(1)
+    finally:
+        if args.port_file and not args.standalone and os.getppid() != parent:
+            # The launcher was killed (SIGKILL; otherwise it removes the folder itself): its
+            # replicas, all stopping now, remove the work folder (port files, sockets) as they go.
+            shutil.rmtree(os.path.dirname(args.port_file), ignore_errors=True)
 
 
 def run_async(coro: "asyncio.Future[None] | object") -> None:
