@@ -118,7 +118,7 @@ def _config(**values: object) -> ServeConfig:
         raise typer.Exit(2) from None
 
 
-@app.command()
+@app.command(short_help="Run the HTTP gateway and its model replicas.")
 @_with_replica_options
 def serve(
     replica: dict[str, Any],
@@ -175,7 +175,7 @@ def serve(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Benchmark bouquet beside transformers (bench/README.md).")
 def bench(
     model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
                                     "qwen3-0.6b, mpnet-base, modernbert-base, distilbert, roberta-large, gte-qwen2-1.5b, e5-mistral-7b, "
@@ -248,7 +248,7 @@ def bench(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="Embed files into vector shards (offline, resumable).")
 def embed(
     input: str = typer.Argument(..., help="A JSONL, CSV/TSV, Parquet or text file (one document per line), or a folder of them."),
     output: str = typer.Option(..., "--output", "-o", help="Output folder: part-NNNNN shards and _manifest.json."),
@@ -317,7 +317,7 @@ def embed(
                f"{tok_rate}; {stats.shards_written} shards written, {stats.shards_skipped} already done", err=True)
 
 
-@app.command("server")
+@app.command("server", short_help="Run one gRPC replica for a remote gateway.")
 @_with_replica_options
 def server_cmd(
     replica: dict[str, Any],

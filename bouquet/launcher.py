@@ -114,8 +114,10 @@ def stop_replicas(replicas: list[ReplicaProcess], timeout_s: float = 20.0) -> No
 
 def bind_gateway_socket(host: str, port: int) -> socket.socket:
     """The gateway's listening socket, bound before any replica starts so that a port in use fails
-    the command at once (not after the model has loaded). Same options as uvicorn's own bind
-    (SO_REUSEADDR, inheritable for ``--gateway-workers``). Raises OSError naming the address."""
+    the command at once (not after the model has loaded), and listening from then on: a client
+    that connects while the gateway starts waits in the backlog instead of being refused. Same
+    options as uvicorn's own bind (SO_REUSEADDR, inheritable for ``--gateway-workers``).
+    Raises OSError naming the address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,6 +126,7 @@ def bind_gateway_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror} (choose another --port)") from None
+    sock.listen(2048)  # uvicorn's default backlog
     sock.set_inheritable(True)
     return sock
 
