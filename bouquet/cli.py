@@ -224,9 +224,19 @@ def bench(
             typer.echo("error: --device cuda (the default): torch sees no CUDA device; on a CPU use --device cpu "
                        "(with --tiny for a quick run)", err=True)
             raise typer.Exit(2)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bouquet.bench.driver import BenchOptions, run_bench
+    from bouquet.bench.driver import BENCHMARKS, SYSTEMS, BenchOptions, run_bench
+    from bouquet.bench.models import SHAPES
     from bouquet.bench.run import Settings
+
+    # Every name checked before any model is built or server started.
+    bad = ([f"--system {x!r} (choose from {', '.join(SYSTEMS)})" for x in system if x not in SYSTEMS]
+           + [f"--model {x!r} (a shape of {', '.join(SHAPES)}, or a model directory)" for x in model
+              if x not in SHAPES and not Path(x).is_dir()]
+           + [f"--benchmarks {x!r} (choose from {', '.join(BENCHMARKS)})" for x in benchmarks.split(",") if x not in BENCHMARKS])
+    if bad:
+        typer.echo("error: unknown " + "; ".join(bad), err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())

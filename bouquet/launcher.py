@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bouquet.config import ServeConfig
+from bouquet.parent import PARENT_PID_ENV
 
 # Environment variables that can hold the API key (the CLI's, the gateway workers' config).
 SECRET_ENV = frozenset({"BOUQUET_API_KEY", "BOUQUET_GATEWAY_CONFIG"})
@@ -71,6 +73,7 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_repl
         # The replica never sees the API key: not on its command line (readable by any local user
         # in /proc/PID/cmdline), not in its environment.
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env[PARENT_PID_ENV] = str(os.getpid())  # the replica exits when this process is gone (parent.py)
         if not dev.startswith("cuda") and sharing > 1:
             env.setdefault("OMP_NUM_THREADS", str(cpu_threads))
         rcfg = cfg.replace(grpc_port=cfg.grpc_port + i if cfg.grpc_port else 0, api_key=None)
@@ -81,17 +84,20 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_repl
         procs.append((subprocess.Popen(cmd, env=env), port_file, dev, ipc))
     out: list[ReplicaProcess] = []
     deadline = time.monotonic() + startup_timeout_s
-    for proc, port_file, dev, ipc in procs:
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                reason = ReplicaProcess(proc, "", dev, port_file=port_file).error()
-                stop_replicas([ReplicaProcess(p, "", d, port_file=f) for p, f, d, _ in procs])
-                if reason:
-                    raise RuntimeError(f"server replica on {dev}: {reason}")
-                what = f"exited (code {proc.returncode})" if proc.returncode is not None else f"did not bind within {startup_timeout_s:.0f} s"
-                raise RuntimeError(f"server replica on {dev} {what} before binding its port")
-            time.sleep(0.02)
-        out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev, ipc, port_file))
+    try:
+        for proc, port_file, dev, ipc in procs:
+            while not port_file.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    reason = ReplicaProcess(proc, "", dev, port_file=port_file).error()
+                    if reason:
+                        raise RuntimeError(f"server replica on {dev}: {reason}")
+                    what = f"exited (code {proc.returncode})" if proc.returncode is not None else f"did not bind within {startup_timeout_s:.0f} s"
+                    raise RuntimeError(f"server replica on {dev} {what} before binding its port")
+                time.sleep(0.02)
+            out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev, ipc, port_file))
+    except BaseException:  # a replica failed, or a signal (serve: SystemExit) came while waiting
+        stop_replicas([ReplicaProcess(p, "", d, port_file=f) for p, f, d, _ in procs])
+        raise
     return out
 
 
@@ -155,6 +161,10 @@ def localize_model(cfg: ServeConfig) -> ServeConfig:
     return cfg.replace(model=str(path), revision=None, served_model_name=names)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
     import uvicorn
@@ -165,6 +175,9 @@ def serve(cfg: ServeConfig) -> int:
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
     model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
+    # Until uvicorn takes over the signals, SIGTERM unwinds start-up like Ctrl-C does (the replicas
+    # started so far are stopped, the work folder removed) instead of killing this process outright.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sock = bind_gateway_socket(cfg.host, cfg.port)
     groups: list[list[ReplicaProcess]] = []  # each model's replica processes
     gcfgs: list[ServeConfig] = []  # each model's config, its replicas' addresses filled in
@@ -202,6 +215,7 @@ def serve(cfg: ServeConfig) -> int:
         # SIGTERM the supervisor signals each worker, which drains as the single-process gateway
         # does (503 to new requests, up to 30 s for those in flight; factory.py, drain.py).
         os.environ[GATEWAY_CONFIG_ENV] = configs_to_json(gcfgs)
+        os.environ[PARENT_PID_ENV] = str(os.getpid())  # workers die with this process (factory.py)
         # The workers are the parallelism: a Rust thread pool of one thread per core in each of
         # them would oversubscribe the cores (an explicit setting wins).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -225,7 +239,8 @@ def serve(cfg: ServeConfig) -> int:
             dead = next((g for g in groups if g and all(r.proc.poll() is not None for r in g)), None)
             if dead is not None:
                 reasons.extend(dict.fromkeys(e for e in (r.error() for r in dead) if e))
-                log.error("bouquet: every server replica of a model has exited; stopping the gateway")
+                if not reasons:  # with reasons, the command's error line says it all
+                    log.error("bouquet: every server replica of a model has exited; stopping the gateway")
                 failed.set()
                 stop()
                 return

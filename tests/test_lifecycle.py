@@ -40,9 +40,10 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_no_orphans(sig, tmp_path):
-    srv = BouquetProcess(env={"TMPDIR": str(tmp_path)})
+@pytest.mark.parametrize("sig,workers", [(signal.SIGTERM, 1), (signal.SIGKILL, 1), (signal.SIGKILL, 2)])
+def test_no_orphans(sig, workers, tmp_path):
+    # Replicas and gateway workers die with the launcher, even one killed with SIGKILL.
+    srv = BouquetProcess("--gateway-workers", str(workers), env={"TMPDIR": str(tmp_path)})
     try:
         kids = children(srv.proc.pid)
         assert kids, "the launcher should have started a server process"
@@ -98,18 +99,26 @@ def test_port_in_use_fails_before_loading(tmp_path):
     assert list(tmp_path.glob("bouquet-*/")) == []
 
 
-def test_replica_startup_error_is_one_line(tmp_path):
-    # A replica refusing the user's choice ends the command with its reason, without a traceback;
-    # here a config that does not match the checkpoint (found after the gRPC port is bound).
+@pytest.mark.parametrize("damage", ["config", "weights"])
+def test_replica_startup_error_is_one_line(tmp_path, damage):
+    # A replica refusing the model ends the command with its reason as the only error line, without
+    # a traceback: a config that does not match the checkpoint, or a truncated checkpoint (both
+    # found after the gRPC port is bound, while the gateway is up).
     model = tmp_path / "model"
     shutil.copytree(resolve_model_path(None), model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
+    if damage == "config":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "hidden_size": 256}))
+        expected = "checkpoint shape (384,)"
+    else:
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100_000])
+        expected = "not a readable safetensors file"
     code, out = serve_fails("--model", str(model), "--port", str(free_port()), "--device", "cpu",
                             env={"TMPDIR": str(tmp_path)})
     assert code == 1, out
-    assert last_line(out).startswith("error: server replica: ") and "checkpoint shape (384,)" in last_line(out), out
-    assert "Traceback" not in out, out
+    assert last_line(out).startswith("error: server replica: ") and expected in last_line(out), out
+    assert "Traceback" not in out and "ERROR" not in out, out
     assert list(tmp_path.glob("bouquet-*/")) == []
 
 

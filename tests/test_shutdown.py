@@ -112,6 +112,20 @@ def test_drain_timeout_answers_the_requests_still_running_503():
         srv.stop()
 
 
+def test_second_sigterm_ends_the_drain_with_503():
+    srv = BouquetProcess()  # the default 30 s drain
+    try:
+        result, inflight, t_term = _drain_case(srv, 0.3)
+        srv.proc.send_signal(signal.SIGTERM)
+        inflight.join(30)
+        openai_error(result["r"], 503, code="shutting_down")
+        assert srv.proc.wait(30) == 0
+        assert time.monotonic() - t_term < 15
+        assert "Traceback" not in srv.log()
+    finally:
+        srv.stop()
+
+
 def test_gateway_workers_drain_on_sigterm():
     srv = BouquetProcess("--gateway-workers", "2", "--drain-timeout", "60")
     try:

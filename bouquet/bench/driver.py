@@ -24,6 +24,7 @@ from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_mod
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
 log = logging.getLogger("bouquet.bench")
+BENCHMARKS = ("1", "2", "3", "mixed", "4", "5")  # bench/README.md
 SYSTEMS = ("engine", "engine-fp8", "engine-fa2", "grpc", "http", "http-fp8", "http-noop", "openai", "transformers")
 
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 
 class WeightError(ValueError):
@@ -38,9 +38,12 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
                           "pytorch_model.bin needs --allow-pickle)")
     out: dict[str, torch.Tensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+        except (SafetensorError, OSError) as e:  # truncated, corrupt or unreadable
+            raise WeightError(f"{file}: not a readable safetensors file ({e})") from None
     return out
 
 
@@ -96,8 +99,8 @@ def assign_weights(
     missing = [k for k in wanted if k not in renamed]
     if missing or unexpected:
         raise WeightError(
-            f"checkpoint does not match {type(module).__name__}: missing {sorted(missing)[:20]}"
-            f" ({len(missing)} total), unexpected {sorted(unexpected)[:20]} ({len(unexpected)} total)"
+            f"checkpoint does not match {type(module).__name__}: missing {sorted(missing)[:5]}"
+            f" ({len(missing)} total), unexpected {sorted(unexpected)[:5]} ({len(unexpected)} total)"
         )
     loaded = {k: t for k, t in renamed.items() if k in wanted}
     for k, t in loaded.items():

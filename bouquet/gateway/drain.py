@@ -7,7 +7,7 @@ included, so load balancers take this instance out) get 503 in the API's error s
 ``Retry-After``; once nothing is in flight, or after ``timeout_s``, uvicorn's normal shutdown
 runs and the launcher then stops the replicas. Requests still running at ``timeout_s`` are cancelled
 and answered 503 too (not left to uvicorn, whose own cancellation answers a plain-text 500). A
-second SIGINT/SIGTERM exits at once.
+second SIGINT/SIGTERM ends the drain at once (what is in flight is answered 503, then it exits).
 
 Two ways in: the single-process gateway runs ``DrainingServer``; each ``--gateway-workers`` process
 (run by uvicorn's supervisor, which sends it SIGTERM) calls ``DrainState.take_signals`` at start-up.
@@ -50,7 +50,13 @@ class DrainState:
     def start(self) -> None:
         if self.deadline is None:
             self.deadline = time.monotonic() + self.timeout_s
-            log.info("bouquet: draining: %d request(s) in flight, waiting up to %.0f s", self.inflight, self.timeout_s)
+            log.info("bouquet: draining: %d request(s) in flight, waiting up to %g s", self.inflight, self.timeout_s)
+
+    def expire_now(self) -> None:
+        """A second signal: end the drain now; the requests in flight are answered 503 (``done``)."""
+        now = time.monotonic()
+        if self.deadline is None or self.deadline > now:
+            self.deadline = now
 
     def done(self) -> bool:
         """True once draining and either idle, or past the deadline by ``cancel_grace_s`` (the
@@ -76,7 +82,8 @@ class DrainState:
         one goes to uvicorn's handler at once. Replaces the handler uvicorn.Server installed (it
         uses ``signal.signal``, so it is there to wrap). SIGINT is ignored: Ctrl-C reaches the
         whole process group, and the supervisor relays it to each worker as SIGTERM (a SIGINT
-        here too would be the second signal that cuts the drain short)."""
+        here too would be the second signal that cuts the drain short). A second SIGTERM ends
+        the drain at once (``expire_now``)."""
         loop = asyncio.get_running_loop()
         uvicorn_exit = signal.getsignal(signal.SIGTERM)
         if not callable(uvicorn_exit):
@@ -85,7 +92,7 @@ class DrainState:
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             if self.draining:
-                uvicorn_exit(signum, frame)
+                self.expire_now()  # the watcher below then exits through uvicorn's handler
                 return
             self.start()
             loop.call_soon_threadsafe(self._watch_drain, uvicorn_exit, signum)
@@ -111,8 +118,8 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # The signal is not recorded for uvicorn to re-raise after shutdown: that would kill this
         # process before the launcher stops its replicas; the launcher exits normally instead.
-        if self.drain.draining:  # a second signal: stop now, without waiting for open connections
-            self.should_exit = self.force_exit = True
+        if self.drain.draining:  # a second signal: stop now; what is in flight is answered 503 first
+            self.drain.expire_now()
             return
         self.drain.start()
 

@@ -39,6 +39,10 @@ def app_from_env() -> ASGIApp:
     if not cfgs or not all(c.servers for c in cfgs):
         raise ConfigError(f"${GATEWAY_CONFIG_ENV} lists a model without replica addresses (servers)")
     from bouquet.gateway.drain import DrainState
+    from bouquet.parent import PARENT_PID_ENV, die_with_parent
+
+    if PARENT_PID_ENV in os.environ:  # started by `bouquet serve`: a launcher killed with SIGKILL
+        die_with_parent()              # must not leave workers holding the port
 
     models = [(c, load_spec(c.model, c.served_model_name[0] if c.served_model_name else None)) for c in cfgs]
     # SIGTERM from the supervisor drains this worker as it does the single-process gateway.

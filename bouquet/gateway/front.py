@@ -122,7 +122,7 @@ class Front:
         path, method = scope["path"], scope["method"]
         drain = self.drain
         if drain is not None:
-            if drain.draining:
+            if drain.draining and path != "/metrics":  # the last scrape still sees the drain's counts
                 err = APIError(503, "the server is shutting down; retry on another instance", None, "shutting_down",
                                headers={"Retry-After": str(drain.retry_after_s), "Connection": "close"})
                 await self._send(send, err.response_for(path), path, method, t0)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import logging
 import os
@@ -26,6 +25,7 @@ import grpc
 
 from bouquet.config import ServeConfig, batch_token_budget
 from bouquet.modelspec import ModelSpec, load_spec
+from bouquet.parent import die_with_parent
 from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
 from bouquet.server.service import InferenceService
 
@@ -33,15 +33,6 @@ if TYPE_CHECKING:
     from bouquet.engine.contract import StepEngine
 
 log = logging.getLogger("bouquet.server")
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
 
 async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bind_host: str = "127.0.0.1",
@@ -142,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = ServeConfig.from_json(args.config)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.standalone:
-        _die_with_parent()
+        die_with_parent()  # again (server/__main__.py did it first): main() may be called directly
         # Ctrl-C reaches the whole process group: the launcher stops its replicas (SIGTERM) once
         # the gateway has drained, and the requests still in flight need them until then.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
