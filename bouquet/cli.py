@@ -331,7 +331,8 @@ def embed(
 @_with_replica_options
 def server_cmd(
     replica: dict[str, Any],
-    host: str = typer.Option("0.0.0.0", help="gRPC bind address."),
+    host: str = typer.Option("127.0.0.1", help="gRPC bind address; 0.0.0.0 to serve gateways on other machines "
+                             "(the gRPC port has no authentication: keep it on a private network)."),
     port: int = typer.Option(50051, help="gRPC port."),
     served_model_name: list[str] = typer.Option([], help="Public model name(s); must match the gateway's."),
     device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda | cuda:N"),

@@ -246,8 +246,9 @@ def serve(cfg: ServeConfig) -> int:
                 return
 
     threading.Thread(target=watch, daemon=True).start()
-    log.info("bouquet: gateway on http://%s:%d (OpenAI: /v1/embeddings), %d worker(s)", cfg.host, cfg.port,
-             cfg.gateway_workers)
+    port = sock.getsockname()[1]  # the bound one, also for --port 0
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    log.info("bouquet: gateway on http://%s:%d (OpenAI: /v1/embeddings), %d worker(s)", host, port, cfg.gateway_workers)
     try:
         run()
     finally:
