@@ -17,9 +17,10 @@ import pytest
 
 from helpers import BouquetProcess
 
-# 10,000 tokens: 20 batches of 512 tokens, in 10 chunks of 1,024. Large enough that well over a
-# second of it is left when the short query arrives 0.5 s in, however fast the gateway parses it.
-BULK_SEQS, BULK_LEN = 100, 100
+# 16,000 tokens: 32 batches of 512 tokens, in 16 chunks of 1,024 (under the 20,000-token queue
+# bound). Large enough that well over a second of it is left when the short query arrives 0.5 s in,
+# however fast the gateway parses it (10,000 tokens once left only 0.93 s on a quiet CI machine).
+BULK_SEQS, BULK_LEN = 160, 100
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def race(srv: BouquetProcess, bulk_priority: str | None) -> tuple[float, float, 
 def test_interactive_waits_for_the_batch_in_flight_not_the_bulk_queue(small_queue):
     srv = small_queue
     srv.embed("warm up")
-    # Default rule: a 10,000-token request is `batch` (> --interactive-max-tokens 2048), and so is
+    # Default rule: a 16,000-token request is `batch` (> --interactive-max-tokens 2048), and so is
     # each of its 1,024-token chunks, although a chunk alone would count as interactive.
     _, latency, bulk_left = race(srv, None)
     assert bulk_left > 1.0, "bulk finished too early for the comparison to mean anything"
