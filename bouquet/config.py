@@ -38,6 +38,10 @@ CPU_BATCH_TOKENS = 2048
 # at small M the fp8 GEMM with per-row scales is slower than bf16 (bench/results/, issue 14 probe:
 # 0.69x at 128 tokens, 1.24x at 2,560, 1.52x at 51,200 for Qwen3-0.6B's linears).
 FP8_MIN_TOKENS = 1024
+# ... but projections whose scales are deferred to the next kernel (quant.py) run a unit-scale fp8 GEMM,
+# faster than bf16 at every size measured (the same linears: 0.75 vs 0.87 ms at 1 token, 0.60 vs 0.76
+# at 128, 0.81 vs 1.01 at 512; bench/results/h200-2026-11-30e/call1-gemm.json): fp8 from the first token.
+FP8_DEFERRED_MIN_TOKENS = 1
 # fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
 # own bf16 outputs (engine.py, at load).
 FP8_MIN_COSINE = 0.995

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.ops import FP8_MAX, QRows, quantize_reference
+from bouquet.engine.fp8_rows import FP8_MAX, QRows, quantize_reference
 from tests.helpers import REPO, BouquetProcess, cosine_rows, read_sts
 
 
@@ -139,6 +139,52 @@ def test_serve_with_fp8_answers_close_to_fp32_and_bad_values_are_refused(tmp_pat
             srv.stop()
     cos = cosine_rows(rows["fp8"], rows["none"])
     assert cos.min() > 0.98 and not np.allclose(rows["fp8"], rows["none"], atol=1e-5)
+
+
+def test_deferred_scales_give_the_rowwise_gemm_and_every_consumer_takes_them() -> None:
+    """A projection whose reader applies the scales (``defer``) returns ScaledRows from a unit-scale
+    GEMM; applied, they are the row-wise scaled GEMM's output, and each consumer (add + RMSNorm,
+    add + LayerNorm, the activations with or without the fp8 cast) reads them as those rows."""
+    from bouquet.engine.fp8_rows import ScaledRows, materialize
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import act_quant, add_layer_norm, add_rms_norm, quantize_rows, silu_mul
+    from bouquet.engine.quant import Projection
+
+    torch.manual_seed(0)
+    w, b = torch.randn(96, 64) * 0.1, torch.randn(96)
+    rowwise, deferred = Projection(w, b, "up"), Projection(w, b, "up", defer=True)
+    for p in (rowwise, deferred):
+        p.quantize(1024, min_tokens_deferred=1)
+    assert (rowwise.fp8_min_tokens, deferred.fp8_min_tokens) == (1024, 1) and deferred.deferred
+    xq = quantize_rows(torch.randn(9, 64))
+    got = deferred(xq)
+    assert isinstance(got, ScaledRows) and got.shape == (9, 96) and got.bias is b
+    assert not torch.allclose(got.raw, rowwise(xq), atol=1.0)  # the scales are not in raw
+    dense = materialize(got)
+    torch.testing.assert_close(dense, rowwise(xq), rtol=1e-5, atol=1e-5)
+    r, norm, ln = torch.randn(9, 96), RMSNorm(96, 1e-6), torch.nn.LayerNorm(96)
+    for res in (r, None):
+        for a_, b_ in zip(add_rms_norm(got, res, norm), add_rms_norm(dense, res, norm)):
+            assert torch.equal(a_, b_)
+    assert torch.equal(add_layer_norm(got, r, ln), add_layer_norm(dense, r, ln))
+    gate_up = deferred(quantize_rows(torch.randn(9, 64)))
+    assert torch.equal(silu_mul(gate_up), silu_mul(materialize(gate_up)))
+    q1, q2 = act_quant(gate_up, "silu", gated=True), act_quant(materialize(gate_up), "silu", gated=True)
+    assert torch.equal(q1.values.view(torch.uint8), q2.values.view(torch.uint8)) and torch.equal(q1.scale, q2.scale)
+
+
+def test_fp8_thresholds_follow_the_scale_mode(tmp_path: Path) -> None:
+    """Decoders defer their MLP's scales (fp8 from the first token); encoders' qkv feeds attention,
+    so it keeps the row-wise GEMM, which runs fp8 only from FP8_MIN_TOKENS."""
+    from bouquet.config import FP8_DEFERRED_MIN_TOKENS, FP8_MIN_TOKENS
+    from bouquet.engine.quant import projections
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    for kind, want in (("qwen3", {("up", True, FP8_DEFERRED_MIN_TOKENS), ("down", True, FP8_DEFERRED_MIN_TOKENS)}),
+                       ("bert", {("qkv", False, FP8_MIN_TOKENS)})):
+        eng = _engine(make_tiny_model(kind, tmp_path / kind), "fp8", fp8_min_cosine=0.0)
+        got = {(p.kind, p.deferred, p.fp8_min_tokens) for p in projections(eng.model) if p.fp8 is not None}
+        assert got == want, (kind, got)
 
 
 def test_qrows_shape_is_the_values_shape() -> None:

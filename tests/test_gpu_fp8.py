@@ -17,7 +17,7 @@ def _same_fp8(got, want_rows: torch.Tensor) -> None:  # type: ignore[no-untyped-
     """QRows ``got`` == quantize_reference(want_rows): scales to fp32 rounding; values equal but for
     at most 0.1% of entries, each within one e4m3 step (1/8 relative: an input one bf16 step
     apart, or fp32 division order, can round to the next fp8 value)."""
-    from bouquet.engine.ops import quantize_reference
+    from bouquet.engine.fp8_rows import quantize_reference
 
     q, s = quantize_reference(want_rows)
     torch.testing.assert_close(got.scale, s, rtol=1e-6, atol=0)
@@ -75,6 +75,71 @@ def test_fp8_gemm_equals_the_dequantized_matmul() -> None:
         torch.testing.assert_close(p(xq).float(), want, rtol=2e-2, atol=2e-2)
 
 
+def _scaled(T: int, N: int, bias: bool):  # type: ignore[no-untyped-def]
+    """ScaledRows [T, N] as a unit-scale fp8 GEMM writes them: raw in the hundreds, small scales."""
+    from bouquet.engine.fp8_rows import ScaledRows
+
+    def dev(t: torch.Tensor) -> torch.Tensor:
+        return t.to("cuda")
+
+    raw = dev(torch.randn(T, N) * 300).to(torch.bfloat16)
+    b = dev(torch.randn(N)).to(torch.bfloat16) if bias else None
+    return ScaledRows(raw, dev(torch.rand(T, 1) * 1e-3 + 1e-4), dev(torch.rand(1, N) * 1e-2 + 1e-3), b, torch.bfloat16)
+
+
+def _one_step(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal but for rare one-ulp moves (the kernel's fp32 multiply-add order vs PyTorch's)."""
+    assert (got != want).float().mean() < 2e-3
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 130, 4096])
+def test_kernels_apply_deferred_scales_as_pytorch_does(T: int) -> None:
+    """Each consumer of ScaledRows (add + RMSNorm, add + LayerNorm, the gated and plain activations
+    with the fp8 cast) on the device == the same kernel on the rows ``materialize`` makes."""
+    from bouquet.engine.fp8_rows import materialize
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import act_quant, add_layer_norm, add_rms_norm, silu_mul
+
+    for bias in (False, True):
+        x = _scaled(T, 1024, bias)
+        r = torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16)
+        dense = materialize(x)
+        norm = RMSNorm(1024, 1e-6).to("cuda", torch.bfloat16)
+        torch.nn.init.normal_(norm.weight)
+        for res in (r, None):
+            (y, s), (y_ref, s_ref) = add_rms_norm(x, res, norm), add_rms_norm(dense, res, norm)
+            _one_step(s, s_ref)
+            _one_step(y, y_ref)
+            _same_fp8(add_rms_norm(x, res, norm, fp8=True)[0], y_ref)
+        ln = torch.nn.LayerNorm(1024, eps=1e-12, device="cuda", dtype=torch.bfloat16)
+        torch.nn.init.normal_(ln.weight)
+        _one_step(add_layer_norm(x, r, ln), add_layer_norm(dense, r, ln))
+        gu = _scaled(T, 2 * 3072, bias)
+        _same_fp8(silu_mul(gu, fp8=True), silu_mul(materialize(gu)))
+        u = _scaled(T, 3072, bias)
+        _same_fp8(act_quant(u, "gelu"), torch.nn.functional.gelu(materialize(u)))
+
+
+def test_deferred_fp8_gemm_equals_the_rowwise_one() -> None:
+    """Unit-scale GEMM + scales applied afterwards == the row-wise scaled GEMM, to bf16 rounding."""
+    from bouquet.engine.fp8_rows import ScaledRows, materialize
+    from bouquet.engine.ops import quantize_rows
+    from bouquet.engine.quant import Projection
+
+    w = torch.randn(3072, 1024, device="cuda", dtype=torch.bfloat16) * 0.05
+    b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
+    rowwise, deferred = Projection(w, b, "up"), Projection(w, b, "up", defer=True)
+    for p in (rowwise, deferred):
+        p.quantize(0)
+    assert deferred.deferred and not rowwise.deferred
+    for T in (1, 100, 5000):
+        xq = quantize_rows(torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16))
+        got = deferred(xq)
+        assert isinstance(got, ScaledRows) and got.raw.dtype == torch.bfloat16
+        torch.testing.assert_close(materialize(got).float(), rowwise(xq).float(), rtol=2 ** -7, atol=2e-2)
+
+
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
@@ -82,9 +147,9 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny"])
 def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, shape: str) -> None:
     from bouquet.bench.models import SHAPES, make_model_dir, tiny
-    from bouquet.config import FP8_MIN_TOKENS
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.quant import projections
     from bouquet.modelspec import load_spec
     from tests.test_gpu_fastpath import _tokenizer
 
@@ -103,11 +168,14 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
             assert _cos(r, want).min() > 0.999
         bf16 = ref.forward(batch).cpu().numpy()
         cos = _cos(want, bf16)
-        if batch.num_tokens >= FP8_MIN_TOKENS:
+        if any(p.use_fp8(batch.num_tokens) for p in projections(eng.model)):
             assert cos.min() > 0.98 and not np.array_equal(want, bf16)
-        else:  # small steps keep the bf16 weights: the bf16 engine's rows (to float32 rounding)
+        else:  # small steps keep the bf16 weights (row-wise projections, e.g. MiniLM's qkv, below
+            # FP8_MIN_TOKENS): the bf16 engine's rows (to float32 rounding)
             np.testing.assert_allclose(want, bf16, atol=1e-6, rtol=1e-6)
     assert eng.graph_captures == 3
+    deferred = [p for p in projections(eng.model) if p.fp8 is not None and p.deferred]
+    assert bool(deferred) == (shape == "qwen3-tiny")  # the decoder's MLP; MiniLM's qkv feeds attention
 
 
 def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -> None:

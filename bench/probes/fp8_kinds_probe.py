@@ -1,7 +1,7 @@
 """Which matmuls to run in fp8 (issue 14): for each model shape (random weights, full size), the
 fp8-vs-bf16 cosine (min, mean over 64 random sequences of 16-512 tokens) and the eager step time
-of 64 × 512 tokens, with fp8 on every subset of a layer's matmuls that matters: all four, all but
-the attention output (o: its input needs a separate cast pass, FlashAttention writes bf16), all
+of 64 × 512 tokens, with fp8 on every subset of a layer's matmuls that matters (each as the engine
+runs it: deferred scales where the model defers them, quant.py): all four, all but the attention output (o: its input needs a separate cast pass, FlashAttention writes bf16), all
 but the MLP's down projection (its input, act(gate)·up, has the widest rows), and so on.
 
     python bench/probes/fp8_kinds_probe.py OUT.json [--shapes qwen3-0.6b bge-base] [--models-root DIR]
@@ -18,10 +18,11 @@ import torch
 from bouquet.bench.models import SHAPES, make_model_dir
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
-from bouquet.engine.quant import KINDS, set_fp8_min_tokens
+from bouquet.engine.quant import KINDS, enable_fp8, set_fp8_min_tokens
 from bouquet.modelspec import load_spec
 
-SUBSETS = [KINDS, ("qkv", "up", "down"), ("qkv", "o", "up"), ("qkv", "up"), ("up", "down"), ("qkv",), ()]
+SUBSETS = [KINDS, ("qkv", "up", "down"), ("o", "up", "down"), ("qkv", "o", "up"), ("qkv", "up"), ("up", "down"),
+           ("qkv",), ()]
 
 
 def step_ms(eng: Engine, batch: Batch) -> float:
@@ -47,6 +48,7 @@ def main() -> None:
     for name in a.shapes:
         spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root))))
         eng = Engine(spec, "cuda", quantization="fp8", fp8_min_cosine=0.0)
+        enable_fp8(eng.model, eng.device, 0, KINDS)  # every kind quantized (the engine did its defaults only)
         rng = np.random.default_rng(0)
         vocab = min(spec.vocab_size, 30000)
         seqs = [rng.integers(1000, vocab, int(n)).astype(np.int32) for n in rng.integers(16, 513, 64)]

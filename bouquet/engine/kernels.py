@@ -5,11 +5,35 @@ are documented at its Python entry point: ``ops.add_layer_norm``, ``ops.add_rms_
 
 One program per row (token) everywhere: a row is at most a few thousand values, held in
 registers, so every statistic (mean, variance, amax) is a register reduction with no second pass.
+
+``PDL`` (Hopper and later; ``ops.launch_options``): the kernel is launched with programmatic
+dependent launch, so its programs may start while the previous kernel in the stream is still
+finishing; the first thing each program does is ``gdc_wait``, which returns once that kernel has
+completed and its writes are visible. No memory is touched before it, so every PDL launch reads
+what a plain launch would (and, by induction, what every earlier kernel wrote).
+
+``SCALED`` inputs (ops.ScaledRows): the element loaded is an fp8 GEMM's unit-scale output and
+``_unscale`` turns it into the true value before anything else reads it.
 """
 import triton
 import triton.language as tl
 
 next_pow2 = triton.next_power_of_2
+
+
+@triton.jit
+def _wait_prior(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _unscale(x, rs_ptr, cs_ptr, b_ptr, row, cols, mask, HAS_BIAS: tl.constexpr):
+    # raw [cols] fp32 · row scale · column scales (+ bias), before the caller's rounding
+    y = x * tl.load(rs_ptr + row) * tl.load(cs_ptr + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return y
 
 
 @triton.jit
@@ -20,13 +44,17 @@ def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
     tl.store(q_ptr + row * n_cols + cols, tl.clamp(y / scale, -448.0, 448.0).to(q_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, n_cols, eps,
-                  HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
+                  HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
+                  XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:  # the GEMM output as it would have been written in the model dtype
+        x = _unscale(x, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
     x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if KEEP_SUM:  # pre-norm: the rounded sum is the residual stream, and HF normalizes it
         s = x.to(dt)
@@ -43,17 +71,23 @@ def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr
         _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y.to(dt).to(tl.float32))
 
 @triton.jit
-def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, n_cols, eps,
-                   HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
+                   HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
+                   XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:  # the GEMM output as it would have been written in the model dtype
+        x = _unscale(x, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
     if HAS_RES:
-        s = (x + tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES or SCALED:  # the rounded sum (or true input) is the residual stream, and HF normalizes it
+        s = x.to(dt)
         tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
-        x = s.to(tl.float32)  # HF normalizes the rounded sum
+        x = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if UNIT_OFFSET:  # Gemma: x · (1 + w) in fp32, rounded once
@@ -67,8 +101,10 @@ def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, n_co
 
 @triton.jit
 def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
-                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                        PDL: tl.constexpr):
     # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
+    _wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, HEADS)[:, None]
     cols = tl.arange(0, HALF)[None, :]
@@ -112,7 +148,8 @@ def _act(g, ACT: tl.constexpr):
 
 
 @triton.jit
-def gated_act_kernel(gu_ptr, out_ptr, n_cols, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def gated_act_kernel(gu_ptr, out_ptr, n_cols, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -124,18 +161,24 @@ def gated_act_kernel(gu_ptr, out_ptr, n_cols, ACT: tl.constexpr, BLOCK: tl.const
 
 
 @triton.jit
-def act_quant_kernel(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, ACT: tl.constexpr, GATED: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_stride, ACT: tl.constexpr,
+                     GATED: tl.constexpr, SCALED: tl.constexpr, XBIAS: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     # One program per whole row (the scale needs its amax). GATED: the row holds [gate | up]
     # (2·n_cols) and the output is act(gate) · up, rounded as gated_act_kernel rounds it.
+    _wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = x_ptr.dtype.element_ty
     g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        g = _unscale(g, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
     a = _act(g, ACT).to(dt).to(tl.float32)
     if GATED:
         u = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        if SCALED:  # the up half's column scales and bias follow the gate half's
+            u = _unscale(u, rs_ptr, cs_ptr + n_cols, xb_ptr + n_cols, row, cols, mask, XBIAS).to(dt).to(tl.float32)
         a = (a * u).to(dt).to(tl.float32)
     _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, a)
 
@@ -170,13 +213,14 @@ def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk
 def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                        GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
     # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
     # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
     # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
     # is that head // GROUP. Key blocks wholly visible to every row of the block run without
     # masks; only the last (and, causal, the diagonal) blocks are masked.
     TOKS: tl.constexpr = BM // PACK
+    _wait_prior(PDL)
     pid_m = tl.program_id(0)
     seq = tl.program_id(1)
     g = tl.program_id(2)

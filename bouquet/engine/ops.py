@@ -22,6 +22,9 @@ fp8 (``--quantization fp8``, quant.py): ``add_rms_norm``, ``add_layer_norm``, ``
 ``gelu_tanh_mul`` take ``fp8=True`` to write their output as ``QRows`` (e4m3 values and one float32
 scale per row, amax / 448) from the same kernel; ``act_quant`` / ``quantize_rows`` do it for other
 activations and for rows written elsewhere (attention output). ``quantize_reference`` is the rule.
+The same four functions (and ``act_quant``) also take ``ScaledRows`` as their input ``x``: an fp8
+GEMM's output whose per-row and per-column scales (and bias) are still to be applied; the kernel
+applies them as it loads each element (``materialize`` is the same in PyTorch).
 
 Why: unfused, a Qwen3 forward pass at batch 1 is mostly small elementwise kernels (fp32 RMSNorm,
 rotary and the SiLU gate as separate passes; counted in bench/results/h200-2026-11-29-final/
@@ -40,17 +43,13 @@ itself on the CPU, in fp32, or when Triton is missing).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
+from bouquet.engine.fp8_rows import FP8, QRows, ScaledRows, materialize, quantize_reference, unscale_args
 from bouquet.engine.layers import RMSNorm, activation
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3 value (OCP FP8 spec, E4M3)
-TINY = 1e-12  # an all-zero row (padding) gets this amax: its values quantize to 0
-
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -70,66 +69,50 @@ def _fused(x: torch.Tensor) -> ModuleType | None:
     return triton_kernels() if x.is_cuda and x.dtype in _FUSED_DTYPES else None
 
 
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def launch_options(x: torch.Tensor) -> dict[str, bool]:
+    """Launch keywords for a kernels.py kernel on ``x``'s device: programmatic dependent launch
+    (``launch_pdl`` and the kernels' ``PDL``) on Hopper and later (compute capability 9+; see
+    kernels.py for why it is safe), where the kernel's programs can be resident before the previous
+    kernel in the stream ends; that hides part of the gap between a small step's ~100–300 kernels
+    (bench/results/h200-2026-12-01b/). Off elsewhere."""
+    on = x.is_cuda and _pdl_capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return {"PDL": on, "launch_pdl": on}
+
+
 def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8
-
-
-@dataclass
-class QRows:
-    """Activations quantized per row: row i ≈ values[i] · scale[i].
-
-    values [T, K] float8_e4m3fn; scale [T, 1] float32; dense [T, K] in the model dtype when the
-    producing kernel also wrote the unquantized rows (a post-norm encoder's residual stream),
-    else None."""
-
-    values: torch.Tensor
-    scale: torch.Tensor
-    dense: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.values.shape
-
-
-def dense_rows(x: "torch.Tensor | QRows") -> torch.Tensor:
-    """The model-dtype rows of ``x``. Raises ValueError for QRows written without them."""
-    if isinstance(x, QRows):
-        if x.dense is None:
-            raise ValueError("these activations exist only in fp8")
-        return x.dense
-    return x
-
-
-def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] any float dtype → (values [T, K] e4m3, scale [T, 1] float32), in PyTorch: the
-    definition the Triton kernels are tested against."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / FP8_MAX
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 _MAX_ROW = 16384  # one program holds a whole row in registers
 
 
-def act_quant(x: torch.Tensor, act: str = "identity", gated: bool = False) -> QRows:
+def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool = False) -> QRows:
     """x [T, K] (or [T, 2K] with ``gated``: gate columns first, then up) in fp16/bf16/fp32 →
     QRows of act(x) (or act(gate) · up), [T, K]. ``act``: identity | silu | gelu_tanh | gelu (erf).
     One Triton kernel on CUDA (fp16/bf16); PyTorch otherwise, with the same rounding steps."""
-    n = x.shape[1] // 2 if gated else x.shape[1]
-    k = _fused(x)
-    if k is None or n > _MAX_ROW or x.stride(1) != 1:
+    raw, scaled = unscale_args(x)
+    n = raw.shape[1] // 2 if gated else raw.shape[1]
+    k = _fused(raw)
+    if k is None or n > _MAX_ROW or raw.stride(1) != 1:
+        x = materialize(x)
         g = x[:, :n] if gated else x
         a = _ACT_FNS[act](g)
         if gated:
             a = a * x[:, n:]
         return QRows(*quantize_reference(a))
-    T = x.shape[0]
-    q = torch.empty((T, n), dtype=FP8, device=x.device)
-    scale = torch.empty((T, 1), dtype=torch.float32, device=x.device)
+    T = raw.shape[0]
+    q = torch.empty((T, n), dtype=FP8, device=raw.device)
+    scale = torch.empty((T, 1), dtype=torch.float32, device=raw.device)
     if T:
         block = k.next_pow2(n)
-        k.act_quant_kernel[(T,)](x, q, scale, n, x.stride(0), ACT=_ACT_CODES[act], GATED=gated, BLOCK=block,
-                          num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16)
+        k.act_quant_kernel[(T,)](raw, q, scale, n_cols=n, x_stride=raw.stride(0), ACT=_ACT_CODES[act], GATED=gated,
+                                 BLOCK=block, num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16,
+                                 **scaled, **launch_options(raw))
     return QRows(q, scale)
 
 
@@ -139,25 +122,27 @@ def quantize_rows(x: torch.Tensor) -> QRows:
     return act_quant(x, "identity")
 
 
-def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm,
+def add_layer_norm(x: "torch.Tensor | ScaledRows", residual: torch.Tensor, ln: torch.nn.LayerNorm,
                    fp8: bool = False) -> "torch.Tensor | QRows":
-    """x, residual [T, H] (same dtype) → LayerNorm(x + residual) [T, H], ``ln``'s weight/bias/eps.
-    With ``fp8``: QRows of that output, ``dense`` holding the output itself (a post-norm
-    encoder's next residual), both written by the same kernel.
+    """x, residual [T, H] (same dtype; x may be ScaledRows) → LayerNorm(x + residual) [T, H],
+    ``ln``'s weight/bias/eps. With ``fp8``: QRows of that output, ``dense`` holding the output
+    itself (a post-norm encoder's next residual), both written by the same kernel.
 
     Fused on CUDA for fp16/bf16 (no host sync, CUDA-graph safe); eager PyTorch otherwise.
     """
-    k = _fused(x)
-    if k is None or ln.weight is None or ln.bias is None or x.dim() != 2 or x.shape[1] > 8192:
-        y = ln(x + residual)
+    raw, scaled = unscale_args(x)
+    k = _fused(raw)
+    if k is None or ln.weight is None or ln.bias is None or raw.dim() != 2 or raw.shape[1] > 8192:
+        y = ln(materialize(x) + residual)
         return QRows(*quantize_reference(y), dense=y) if fp8 else y
-    x, residual = x.contiguous(), residual.contiguous()
+    x, residual = raw.contiguous(), residual.contiguous()
     out = torch.empty_like(x)
     q, scale = _fp8_out(x, fp8)
     if x.shape[0]:
         block = k.next_pow2(x.shape[1])
-        k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, x.shape[1], ln.eps,
-                                       HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block, num_warps=_warps(block))
+        k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, n_cols=x.shape[1],
+                                       eps=ln.eps, HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block,
+                                       num_warps=_warps(block), **scaled, **launch_options(x))
     return QRows(q, scale, dense=out) if fp8 else out
 
 
@@ -185,9 +170,9 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
     if x.shape[0]:
         block = k.next_pow2(x.shape[1])
         bias = ln.weight if ln.bias is None else ln.bias  # never read without HAS_BIAS
-        k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, x.shape[1], ln.eps,
+        k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, n_cols=x.shape[1], eps=ln.eps,
                                        HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
-                                       num_warps=_warps(block))
+                                       num_warps=_warps(block), **unscale_args(x)[1], **launch_options(x))
     return out, s
 
 
@@ -196,30 +181,33 @@ def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.L
     return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+def add_rms_norm(x: "torch.Tensor | ScaledRows", residual: torch.Tensor | None, norm: RMSNorm,
                  fp8: bool = False) -> "tuple[torch.Tensor | QRows, torch.Tensor]":
     """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
-    (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype. With
-    ``fp8`` the normed rows come back as QRows only (the next GEMM is their one reader).
+    (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype (x may be
+    ScaledRows). With ``fp8`` the normed rows come back as QRows only (the next GEMM is their one
+    reader).
 
     One kernel on CUDA for fp16/bf16; the eager fallback is ``norm(s)`` (HF ``Qwen3RMSNorm``, or
     ``Gemma3RMSNorm`` when ``norm.unit_offset``).
     """
-    k = _fused(x)
-    if k is None or x.dim() != 2 or x.shape[1] > 8192:
+    raw, scaled = unscale_args(x)
+    k = _fused(raw)
+    if k is None or raw.dim() != 2 or raw.shape[1] > 8192:
+        x = materialize(x)
         s = x if residual is None else x + residual
         y = norm(s)
         return (QRows(*quantize_reference(y)) if fp8 else y), s
-    x = x.contiguous()
+    x = raw.contiguous()
     q, scale = _fp8_out(x, fp8)
     out = x if fp8 else torch.empty_like(x)  # not written with fp8
-    s = torch.empty_like(x) if residual is not None else x
+    s = torch.empty_like(x) if residual is not None or scaled["SCALED"] else x
     if x.shape[0]:
         block = k.next_pow2(x.shape[1])
         r = residual.contiguous() if residual is not None else x
-        k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, x.shape[1], norm.eps,
+        k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, n_cols=x.shape[1], eps=norm.eps,
                                         HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
-                                        BLOCK=block, num_warps=_warps(block))
+                                        BLOCK=block, num_warps=_warps(block), **scaled, **launch_options(x))
     return (QRows(q, scale) if fp8 else out), s
 
 
@@ -255,7 +243,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
             k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
                                  0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
-                                 num_warps=4 if heads * head_dim <= 4096 else 8)
+                                 num_warps=4 if heads * head_dim <= 4096 else 8, **launch_options(qkv))
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
@@ -272,13 +260,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def silu_mul(gate_up: torch.Tensor, fp8: bool = False) -> "torch.Tensor | QRows":
+def silu_mul(gate_up: "torch.Tensor | ScaledRows", fp8: bool = False) -> "torch.Tensor | QRows":
     """gate_up [T, 2·I] (gate rows first, then up) → SiLU(gate) · up [T, I], same dtype; with
     ``fp8``: as QRows (quantized by the same kernel)."""
     return _gated(gate_up, "silu", fp8)
 
 
-def gelu_tanh_mul(gate_up: torch.Tensor, fp8: bool = False) -> "torch.Tensor | QRows":
+def gelu_tanh_mul(gate_up: "torch.Tensor | ScaledRows", fp8: bool = False) -> "torch.Tensor | QRows":
     """gate_up [T, 2·I] (gate rows first, then up) → GELU_tanh(gate) · up [T, I], same dtype
     (Gemma's MLP, ``gelu_pytorch_tanh``); with ``fp8``: as QRows."""
     return _gated(gate_up, "gelu_tanh", fp8)
@@ -298,9 +286,10 @@ FP8_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_
             "swish": "silu"}
 
 
-def _gated(gate_up: torch.Tensor, act: str, fp8: bool = False) -> "torch.Tensor | QRows":
+def _gated(gate_up: "torch.Tensor | ScaledRows", act: str, fp8: bool = False) -> "torch.Tensor | QRows":
     if fp8:
         return act_quant(gate_up, act, gated=True)
+    gate_up = materialize(gate_up)
     k = _fused(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     if k is None or gate_up.dim() != 2:
@@ -310,7 +299,8 @@ def _gated(gate_up: torch.Tensor, act: str, fp8: bool = False) -> "torch.Tensor 
     out = gate_up.new_empty((T, n))
     if T:
         block = min(1024, k.next_pow2(n))
-        k.gated_act_kernel[(T, -(-n // block))](gate_up, out, n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4)
+        k.gated_act_kernel[(T, -(-n // block))](gate_up, out, n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4,
+                                                **launch_options(gate_up))
     return out
 
 

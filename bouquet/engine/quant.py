@@ -11,8 +11,14 @@ The scheme (the "dynamic per-token activations, per-channel weights" FP8 recipe 
   time. The norm / activation kernel that writes x writes xq and s_x instead (ops.add_rms_norm,
   ops.add_layer_norm, ``act_quant``), so no separate cast pass reads x again; only the attention
   output (written by FlashAttention / cuDNN) is quantized by a pass of its own (``quantize_rows``).
-- y = (xq · Wqᵀ) · s_x · s_w + bias: one ``torch._scaled_mm`` call (row-wise scales, bias and the
-  bf16 output in its epilogue; cuBLASLt / CUTLASS on Hopper, a reference kernel on the CPU).
+- y = (xq · Wqᵀ) · s_x · s_w + bias. Where the kernel that reads y next can apply the scales (a
+  projection built with ``defer=True`` by a model that knows its consumer: add + norm, or the
+  gated activation), the GEMM runs with unit scales (``torch._scaled_mm`` with one scale per
+  tensor, cuBLASLt's fastest fp8 kernel at every size measured) and returns ``ScaledRows``; that
+  consumer multiplies by s_x · s_w and adds the bias as it loads each element. Elsewhere one
+  ``_scaled_mm`` call applies row-wise scales and bias in its epilogue (CUTLASS on Hopper), slower
+  (bench/results/h200-2026-11-30e/call1-gemm.json) and, below ~1,024 tokens, slower than bf16.
+  On the CPU both forms are PyTorch's reference kernels, and the consumers ``materialize``.
 
 What stays in the model dtype, and why: embeddings, norms, rotary, attention (its inputs come
 straight from the qkv GEMM; fp8 attention would need its own kernel and scales), pooling and
@@ -23,8 +29,8 @@ Rounding order follows the bf16 path: the kernels round to the model dtype where
 normed row, the activation), then quantize that rounded value, as ``quantize_rows`` would.
 
 What this module does not own: when a forward pass uses fp8 (the layers ask
-``Projection.use_fp8(T)``; small batches stay bf16, see ``FP8_MIN_TOKENS`` in config.py) or the
-load-time accuracy check (engine.py).
+``Projection.use_fp8(T)``; the thresholds are ``FP8_MIN_TOKENS`` for row-wise projections and
+``FP8_DEFERRED_MIN_TOKENS`` for deferred ones, config.py) or the load-time accuracy check (engine.py).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ from torch import nn
 
 
 from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
-from bouquet.engine.ops import FP8, FP8_MAX, QRows, TINY
+from bouquet.engine.fp8_rows import FP8, FP8_MAX, QRows, ScaledRows, TINY
 
 
 @dataclass
@@ -62,37 +68,57 @@ class Projection:
     model dtype, plus an ``Fp8Weight`` once ``quantize`` ran. Called with model-dtype rows it is
     ``F.linear``; called with ``QRows`` it is the fp8 GEMM. Output [T, N] in the model dtype.
 
+    ``defer``: every reader of this projection's output accepts ``ScaledRows`` (the model says so
+    when it builds the projection), so in fp8 it returns them instead of applying the scales.
+
     Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
     they came from; this holds views of them."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str, defer: bool = False) -> None:
         self.weight, self.bias = weight, bias
         self.kind = kind  # one of KINDS: which matmul of the layer this is
+        self.defer = defer
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
+        self.fp8_default_min_tokens: int | None = None  # what quantize set (restore_fp8_min_tokens)
+        self._one: torch.Tensor | None = None  # [] float32 1.0 on the device: the unit scale, when deferred
 
     @classmethod
-    def of(cls, linear: nn.Linear, kind: str) -> "Projection":
-        return cls(linear.weight, linear.bias, kind)
+    def of(cls, linear: nn.Linear, kind: str, defer: bool = False) -> "Projection":
+        return cls(linear.weight, linear.bias, kind, defer)
 
-    def quantize(self, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+    @property
+    def deferred(self) -> bool:
+        """Whether fp8 calls return ScaledRows: ``defer`` and a bf16 or fp32 model (an fp16 GEMM
+        output with unit scales could overflow fp16's range)."""
+        return self._one is not None
+
+    def quantize(self, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None,
+                 min_tokens_deferred: int | None = None) -> None:
         """Build the fp8 weights (``stored``: e4m3 rows [N, K] and scales [N] a checkpoint already
         holds, used as they are; else quantized from the weight); forward passes of at least
-        ``min_tokens`` tokens use them."""
+        ``min_tokens`` tokens (``min_tokens_deferred`` when the scales are deferred) use them."""
         self.fp8 = Fp8Weight.quantize(self.weight) if stored is None else Fp8Weight(stored[0], stored[1][None, :])
         self.fp8_stored = stored is not None
-        self.fp8_min_tokens = min_tokens
+        if self.defer and self.weight.dtype in (torch.bfloat16, torch.float32):
+            self._one = torch.ones((), dtype=torch.float32, device=self.weight.device)
+            min_tokens = min_tokens if min_tokens_deferred is None else min_tokens_deferred
+        self.fp8_min_tokens = self.fp8_default_min_tokens = min_tokens
 
     def use_fp8(self, tokens: int) -> bool:
         """Whether a forward pass of ``tokens`` (static per CUDA-graph bucket) runs this in fp8."""
         return self.fp8_min_tokens is not None and tokens >= self.fp8_min_tokens
 
-    def __call__(self, x: "torch.Tensor | QRows") -> torch.Tensor:
+    def __call__(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
         if not isinstance(x, QRows):
             return F.linear(x, self.weight, self.bias)
         assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
         out_dtype = self.weight.dtype
+        if self._one is not None:  # unit scales: the consumer applies x.scale · fp8.scale and the bias
+            raw = torch._scaled_mm(x.values, self.fp8.weight.t(), scale_a=self._one, scale_b=self._one,
+                                   out_dtype=out_dtype)
+            return ScaledRows(raw, x.scale, self.fp8.scale, self.bias, out_dtype)
         # _scaled_mm's row-wise mode wants bf16 output on CUDA; fp32 models (CPU) get fp32
         return torch._scaled_mm(x.values, self.fp8.weight.t(), scale_a=x.scale, scale_b=self.fp8.scale,
                                 bias=self.bias, out_dtype=out_dtype)
@@ -111,9 +137,10 @@ KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output
 
 
 def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] | None = None,
-               stored: "StoredFp8 | None" = None) -> int:
+               stored: "StoredFp8 | None" = None, min_tokens_deferred: int | None = None) -> int:
     """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds`` (None: each
-    layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more then run them in fp8.
+    layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more (``min_tokens_deferred``
+    for projections whose scales are deferred; None: ``min_tokens``) then run them in fp8.
     ``stored``: the e4m3 rows of a checkpoint stored in fp8 (fp8_checkpoint.py); a projection whose
     every part is there uses them as they are. Returns how many were quantized.
 
@@ -135,7 +162,8 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
             raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
     chosen = list(projections(model, defaults_only=True)) if kinds is None else [p for p in projs if p.kind in kinds]
     for p in chosen:
-        p.quantize(min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None)
+        p.quantize(min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None,
+                   min_tokens_deferred)
     return len(chosen)
 
 
@@ -145,6 +173,21 @@ def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None, kinds: tuple[st
     for p in projections(model):
         if p.fp8 is not None and p.kind in kinds:
             p.fp8_min_tokens = min_tokens
+
+
+def use_rowwise_scales(model: nn.Module, min_tokens: int) -> None:
+    """Run every quantized Projection as before deferred scales: row-wise scaled GEMMs, from
+    ``min_tokens`` tokens on. For benchmarks (``engine-fp8-rowwise``: the baseline beside the default)."""
+    for p in projections(model):
+        if p.fp8 is not None:
+            p._one = None
+            p.fp8_min_tokens = p.fp8_default_min_tokens = min_tokens
+
+
+def restore_fp8_min_tokens(model: nn.Module) -> None:
+    """Put back the thresholds ``enable_fp8`` set (after ``set_fp8_min_tokens``)."""
+    for p in projections(model):
+        p.fp8_min_tokens = p.fp8_default_min_tokens
 
 
 def output_cosines(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:

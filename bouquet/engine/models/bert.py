@@ -17,7 +17,8 @@ from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.families import architecture_of, family, num_labels
 from bouquet.engine.layers import activation, fuse_linears
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.ops import FP8_ACTS, QRows, act_quant, add_layer_norm, dense_rows, linear_gelu, quantize_rows
+from bouquet.engine.fp8_rows import QRows, dense_rows, materialize
+from bouquet.engine.ops import FP8_ACTS, act_quant, add_layer_norm, linear_gelu, quantize_rows
 from bouquet.engine.quant import Projection
 
 
@@ -104,7 +105,9 @@ class PostNormLayer(nn.Module):
         w, b = fuse_linears(self.p.q, self.p.k, self.p.v)
         assert b is not None  # these encoders' projections always carry biases
         self.qkv = Projection(w, b, "qkv")
-        self.o, self.up, self.down = (Projection.of(m, k) for m, k in ((self.p.o, "o"), (self.p.up, "up"), (self.p.down, "down")))
+        # o and down are read by add + LayerNorm only, up by the activation: fp8 scales deferred (quant.py)
+        self.o, self.up, self.down = (Projection.of(m, k, defer=True)
+                                      for m, k in ((self.p.o, "o"), (self.p.up, "up"), (self.p.down, "down")))
 
     def projections(self) -> list[Projection]:
         return [self.qkv, self.o, self.up, self.down]
@@ -131,7 +134,7 @@ class PostNormLayer(nn.Module):
         down8 = self.down.use_fp8(T)
         if self.up.use_fp8(T):  # up GEMM (bias in its epilogue), then the activation and the fp8 cast in one kernel
             u = self.up(x)
-            g = act_quant(u, FP8_ACTS[self.act_name]) if down8 else activation(self.act_name)(u)
+            g = act_quant(u, FP8_ACTS[self.act_name]) if down8 else activation(self.act_name)(materialize(u))
         else:
             g = linear_gelu(dense_rows(x), p.up, self.act_name)  # [T, intermediate]
             g = quantize_rows(g) if down8 else g

@@ -36,7 +36,8 @@ from bouquet.engine.families import architecture_of
 from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
-from bouquet.engine.ops import QRows, add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
+from bouquet.engine.fp8_rows import QRows, ScaledRows
+from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
 from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
 
@@ -117,7 +118,7 @@ class DecoderAttention(nn.Module):
 
     def fuse(self) -> None:
         self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
-        self.o = Projection.of(self.o_proj, "o")
+        self.o = Projection.of(self.o_proj, "o", defer=True)  # read by add + RMSNorm only
         self.qk_weight = None
         if self.q_norm is not None and self.q_scale != 1.0:
             # q · c with the default scale equals q with scale c·head_dim**-0.5: scale the norm's
@@ -129,8 +130,9 @@ class DecoderAttention(nn.Module):
             self.qk_weight = torch.stack((self.q_norm.weight.detach(), self.k_norm.weight.detach()))
 
     def forward(self, x: "torch.Tensor | QRows", cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
-                meta: AttnMeta, window: int | None) -> torch.Tensor:
-        """x [T, hidden] (QRows in fp8) → [T, hidden]; cos/sin [T, head_dim/2] float32 (``ops.rope_tables``)."""
+                meta: AttnMeta, window: int | None) -> "torch.Tensor | ScaledRows":
+        """x [T, hidden] (QRows in fp8) → [T, hidden] (ScaledRows when o runs in fp8); cos/sin
+        [T, head_dim/2] float32 (``ops.rope_tables``)."""
         T = x.shape[0]
         qkv = self.qkv(x)  # [T, (H + 2·Hkv)·D]
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
@@ -152,12 +154,14 @@ class DecoderMLP(nn.Module):
         self.act_mul = gelu_tanh_mul if f.gelu else silu_mul
 
     def fuse(self) -> None:
-        self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None, "up")
-        self.down = Projection.of(self.down_proj, "down")
+        # deferred fp8 scales (quant.py): gate_up is read by the gated activation only, down by the
+        # next add + RMSNorm (the next layer's, the final norm, or Gemma's post-MLP norm)
+        self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None, "up", defer=True)
+        self.down = Projection.of(self.down_proj, "down", defer=True)
 
-    def forward(self, x: "torch.Tensor | QRows") -> torch.Tensor:
-        """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden]; the activation kernel
-        writes fp8 rows when down runs in fp8."""
+    def forward(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
+        """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden] (ScaledRows when down runs
+        in fp8); the activation kernel writes fp8 rows when down runs in fp8."""
         return self.down(self.act_mul(self.gate_up(x), self.down.use_fp8(x.shape[0])))  # gate_up [T, 2i]
 
 
@@ -189,8 +193,8 @@ class DecoderLayer(nn.Module):
         a, m = self.self_attn, self.mlp
         return [a.qkv, a.o, m.gate_up, m.down]
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: "torch.Tensor | ScaledRows", residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, attn: AttentionBackend, meta: AttnMeta) -> "tuple[torch.Tensor | ScaledRows, torch.Tensor]":
         """(x, residual) [T, hidden] → (this layer's MLP output, the residual stream before it).
 
         The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);

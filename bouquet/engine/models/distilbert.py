@@ -17,7 +17,7 @@ from torch import nn
 
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.ops import dense_rows
+from bouquet.engine.fp8_rows import dense_rows
 from bouquet.engine.models.bert import (BertEmbeddings, BertForSequenceClassification, LayerParts, PostNormLayer, modules,
                                          num_labels)
 

@@ -24,7 +24,7 @@ from torch import nn
 from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.families import architecture_of, family
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.ops import dense_rows
+from bouquet.engine.fp8_rows import dense_rows
 from bouquet.engine.models.bert import BertEmbeddings, LayerParts, PostNormLayer, dense_norm, modules
 from bouquet.engine.models.xlm_roberta import XLMRobertaForSequenceClassification
 
