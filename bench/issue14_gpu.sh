@@ -17,10 +17,12 @@ mkdir -p "$R"
 STEPS=${STEPS:-tests bench prof}
 M=/tmp/bench-models
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+bundle() { tar czf "$OUT/r.tgz" -C "$OUT" r; }  # after every step: a call cut off at its limit still returns what ran
 if has tests; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_attention.py tests/test_gpu_fastpath.py \
     tests/test_gpu_fp8.py > "$R/gpu-tests.txt" 2>&1
   tail -5 "$R/gpu-tests.txt"
+  bundle
 fi
 if has bench; then
   sys=""
@@ -29,6 +31,7 @@ if has bench; then
     --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
     --thr-lengths 512,1024 --score-batches 5,25 --benchmarks 1,2,3,mixed --out "$R/bench" > "$R/bench.log" 2>&1
   grep -h "^| \|cosine" "$R/bench/results.md" | head -70
+  bundle
 fi
 if has nopdl; then
   sys=""
@@ -37,17 +40,21 @@ if has nopdl; then
     --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
     --score-batches 5,25 --benchmarks 1,2 --out "$R/nopdl" > "$R/nopdl.log" 2>&1
   grep -h "^| b" "$R/nopdl/results.md" | head -30
+  bundle
 fi
 if has kinds; then
   timeout 200 python3 bench/probes/fp8_kinds_probe.py "$R/kinds.json" --models-root $M > "$R/kinds.log" 2>&1
   tail -n 20 "$R/kinds.log"
+  bundle
 fi
 if has prof; then
   timeout 200 python3 bench/probes/profile_gpu.py "$R/prof" --shapes qwen3-0.6b bge-base --variants fused --models-root $M > "$R/prof.log" 2>&1
   grep -h "kernels\|emb_per_s\|replay_gpu" "$R/prof/profile.txt" | head -30
+  bundle
 fi
 if has probe; then
   timeout 200 python3 bench/probes/issue14_probe.py "$R/probe.json" --parts tattn step --models-root $M > "$R/probe.log" 2>&1
   tail -c 3000 "$R/probe.log"
+  bundle
 fi
-tar czf "$OUT/r.tgz" -C "$OUT" r
+bundle
