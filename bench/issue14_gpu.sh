@@ -4,13 +4,13 @@
 #          (graph == eager for every bucket), test_gpu_fp8.py;
 #   bench  `bouquet bench` engine (Triton kernel for unequal lengths) beside engine-fa2 (FlashAttention-2,
 #          the previous path) and engine-fp8, Qwen3-0.6B and bge-base, benchmarks 1, 2, 3, mixed;
-#   nopdl  the same bench, benchmarks 1 and 2 only, with programmatic dependent launch off
-#          (bench/probes/no_pdl.py; SYSTEMS_NOPDL, default "engine engine-fp8"): PDL's baseline;
+#   acc    bench/fp8_accuracy_gpu.py: the real MiniLM on STSb and random Qwen3/bge, fp8 vs references;
 #   kinds  bench/probes/fp8_kinds_probe.py: cosine and step time per set of fp8 matmuls;
 #   prof   bench/probes/profile_gpu.py --variants fused: kernels per batch-1 replay, top kernels;
 #   probe  bench/probes/issue14_probe.py --parts tattn step (attention tiles, mixed-step kernel split).
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
-# STEPS (default "tests bench prof") picks a subset; SYSTEMS overrides the bench systems.
+# STEPS (default "tests bench prof") picks a subset; SYSTEMS overrides the bench systems; SEPARATE=1
+# runs each system in a bench process of its own.
 set -u
 R="$OUT/r"
 mkdir -p "$R"
@@ -25,21 +25,24 @@ if has tests; then
   bundle
 fi
 if has bench; then
-  sys=""
-  for s in ${SYSTEMS:-engine engine-fa2 engine-fp8}; do sys="$sys --system $s"; done
-  timeout 480 python3 -m bouquet bench --model qwen3-0.6b --model bge-base $sys \
-    --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
-    --thr-lengths 512,1024 --score-batches 5,25 --benchmarks 1,2,3,mixed --out "$R/bench" > "$R/bench.log" 2>&1
-  grep -h "^| \|cosine" "$R/bench/results.md" | head -70
-  bundle
+  # SEPARATE=1: one bench process per system (a later engine in the same process measured up to
+  # 0.25 ms slower at batch 1 on the same computation: bench/results/h200-2026-12-01b/README.md)
+  systems=${SYSTEMS:-engine engine-fa2 engine-fp8}
+  if [ "${SEPARATE:-0}" = 1 ]; then runs=$systems; else runs="all"; fi
+  for run in $runs; do
+    sys=""
+    for s in $( [ "$run" = all ] && echo $systems || echo $run ); do sys="$sys --system $s"; done
+    out="$R/bench"; [ "$run" = all ] || out="$R/bench-$run"
+    timeout 480 python3 -m bouquet bench --model qwen3-0.6b --model bge-base $sys \
+      --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
+      --thr-lengths 512,1024 --score-batches 5,25 --benchmarks 1,2,3,mixed --out "$out" > "$out.log" 2>&1
+    grep -h "^| b\|cosine" "$out/results.md" | head -40
+    bundle
+  done
 fi
-if has nopdl; then
-  sys=""
-  for s in ${SYSTEMS_NOPDL:-engine engine-fp8}; do sys="$sys --system $s"; done
-  timeout 300 python3 bench/probes/no_pdl.py bench --model qwen3-0.6b --model bge-base $sys \
-    --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
-    --score-batches 5,25 --benchmarks 1,2 --out "$R/nopdl" > "$R/nopdl.log" 2>&1
-  grep -h "^| b" "$R/nopdl/results.md" | head -30
+if has acc; then
+  timeout 200 python3 bench/fp8_accuracy_gpu.py "$R/accuracy.json" $M/qwen3-0.6b $M/bge-base > "$R/accuracy.log" 2>&1
+  tail -c 1500 "$R/accuracy.log"
   bundle
 fi
 if has kinds; then
@@ -48,7 +51,7 @@ if has kinds; then
   bundle
 fi
 if has prof; then
-  timeout 200 python3 bench/probes/profile_gpu.py "$R/prof" --shapes qwen3-0.6b bge-base --variants fused --models-root $M > "$R/prof.log" 2>&1
+  timeout 200 python3 bench/probes/profile_gpu.py "$R/prof" --shapes qwen3-0.6b bge-base --variants ${PROF_VARIANTS:-fused} --models-root $M > "$R/prof.log" 2>&1
   grep -h "kernels\|emb_per_s\|replay_gpu" "$R/prof/profile.txt" | head -30
   bundle
 fi

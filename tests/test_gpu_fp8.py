@@ -95,8 +95,9 @@ def _one_step(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("T", [1, 130, 4096])
 def test_kernels_apply_deferred_scales_as_pytorch_does(T: int) -> None:
-    """Each consumer of ScaledRows (add + RMSNorm, add + LayerNorm, the gated and plain activations
-    with the fp8 cast) on the device == the same kernel on the rows ``materialize`` makes."""
+    """Each consumer of ScaledRows (add + RMSNorm, add + LayerNorm, the gated activation with and
+    without the fp8 cast, the plain one with it) on the device == the same kernel on the rows
+    ``materialize`` makes."""
     from bouquet.engine.fp8_rows import materialize
     from bouquet.engine.layers import RMSNorm
     from bouquet.engine.ops import act_quant, add_layer_norm, add_rms_norm, silu_mul
@@ -117,6 +118,7 @@ def test_kernels_apply_deferred_scales_as_pytorch_does(T: int) -> None:
         _one_step(add_layer_norm(x, r, ln), add_layer_norm(dense, r, ln))
         gu = _scaled(T, 2 * 3072, bias)
         _same_fp8(silu_mul(gu, fp8=True), silu_mul(materialize(gu)))
+        _one_step(silu_mul(gu), silu_mul(materialize(gu)))  # gate/up in fp8, down not: bf16 out
         u = _scaled(T, 3072, bias)
         _same_fp8(act_quant(u, "gelu"), torch.nn.functional.gelu(materialize(u)))
 

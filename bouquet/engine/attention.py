@@ -124,7 +124,6 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     one kv head share a program (BLOCK_M rows = BLOCK_M / group tokens × group heads), so each K/V
     tile is read once for all of them. Raises KeyError for a head dim without a config."""
     from bouquet.engine import kernels
-    from bouquet.engine.ops import launch_options
 
     T, H, D = q.shape
     bm, bn, warps, stages = config or TRITON_ATTN_CONFIGS[D]
@@ -135,8 +134,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     kernels.varlen_attn_kernel[grid](
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
-        **launch_options(q))
+        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     return o
 
 

@@ -6,12 +6,6 @@ are documented at its Python entry point: ``ops.add_layer_norm``, ``ops.add_rms_
 One program per row (token) everywhere: a row is at most a few thousand values, held in
 registers, so every statistic (mean, variance, amax) is a register reduction with no second pass.
 
-``PDL`` (Hopper and later; ``ops.launch_options``): the kernel is launched with programmatic
-dependent launch, so its programs may start while the previous kernel in the stream is still
-finishing; the first thing each program does is ``gdc_wait``, which returns once that kernel has
-completed and its writes are visible. No memory is touched before it, so every PDL launch reads
-what a plain launch would (and, by induction, what every earlier kernel wrote).
-
 ``SCALED`` inputs (ops.ScaledRows): the element loaded is an fp8 GEMM's unit-scale output and
 ``_unscale`` turns it into the true value before anything else reads it.
 """
@@ -19,12 +13,6 @@ import triton
 import triton.language as tl
 
 next_pow2 = triton.next_power_of_2
-
-
-@triton.jit
-def _wait_prior(PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -46,8 +34,7 @@ def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
 @triton.jit
 def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
                   HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
-                  XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _wait_prior(PDL)
+                  XBIAS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -73,8 +60,7 @@ def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr
 @triton.jit
 def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
                    HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
-                   XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _wait_prior(PDL)
+                   XBIAS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -101,10 +87,8 @@ def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_p
 
 @triton.jit
 def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
-                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                        PDL: tl.constexpr):
+                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
-    _wait_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, HEADS)[:, None]
     cols = tl.arange(0, HALF)[None, :]
@@ -148,25 +132,26 @@ def _act(g, ACT: tl.constexpr):
 
 
 @triton.jit
-def gated_act_kernel(gu_ptr, out_ptr, n_cols, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _wait_prior(PDL)
+def gated_act_kernel(gu_ptr, out_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, ACT: tl.constexpr, SCALED: tl.constexpr,
+                     XBIAS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = out_ptr.dtype.element_ty
     g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:  # gate and up as the GEMM would have written them
+        g = _unscale(g, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
+        u = _unscale(u, rs_ptr, cs_ptr + n_cols, xb_ptr + n_cols, row, cols, mask, XBIAS).to(dt).to(tl.float32)
     a = _act(g, ACT).to(dt).to(tl.float32)  # HF rounds the activation first
     tl.store(out_ptr + row * n_cols + cols, (a * u).to(dt), mask=mask)
 
 
 @triton.jit
 def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_stride, ACT: tl.constexpr,
-                     GATED: tl.constexpr, SCALED: tl.constexpr, XBIAS: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
+                     GATED: tl.constexpr, SCALED: tl.constexpr, XBIAS: tl.constexpr, BLOCK: tl.constexpr):
     # One program per whole row (the scale needs its amax). GATED: the row holds [gate | up]
     # (2·n_cols) and the output is act(gate) · up, rounded as gated_act_kernel rounds it.
-    _wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -213,14 +198,13 @@ def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk
 def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                        GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr):
     # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
     # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
     # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
     # is that head // GROUP. Key blocks wholly visible to every row of the block run without
     # masks; only the last (and, causal, the diagonal) blocks are masked.
     TOKS: tl.constexpr = BM // PACK
-    _wait_prior(PDL)
     pid_m = tl.program_id(0)
     seq = tl.program_id(1)
     g = tl.program_id(2)

@@ -69,21 +69,6 @@ def _fused(x: torch.Tensor) -> ModuleType | None:
     return triton_kernels() if x.is_cuda and x.dtype in _FUSED_DTYPES else None
 
 
-@functools.lru_cache(maxsize=None)
-def _pdl_capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def launch_options(x: torch.Tensor) -> dict[str, bool]:
-    """Launch keywords for a kernels.py kernel on ``x``'s device: programmatic dependent launch
-    (``launch_pdl`` and the kernels' ``PDL``) on Hopper and later (compute capability 9+; see
-    kernels.py for why it is safe), where the kernel's programs can be resident before the previous
-    kernel in the stream ends; that hides part of the gap between a small step's ~100–300 kernels
-    (bench/results/h200-2026-12-01b/). Off elsewhere."""
-    on = x.is_cuda and _pdl_capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    return {"PDL": on, "launch_pdl": on}
-
-
 def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
@@ -112,7 +97,7 @@ def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool
         block = k.next_pow2(n)
         k.act_quant_kernel[(T,)](raw, q, scale, n_cols=n, x_stride=raw.stride(0), ACT=_ACT_CODES[act], GATED=gated,
                                  BLOCK=block, num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16,
-                                 **scaled, **launch_options(raw))
+                                 **scaled)
     return QRows(q, scale)
 
 
@@ -142,7 +127,7 @@ def add_layer_norm(x: "torch.Tensor | ScaledRows", residual: torch.Tensor, ln: t
         block = k.next_pow2(x.shape[1])
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, n_cols=x.shape[1],
                                        eps=ln.eps, HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block,
-                                       num_warps=_warps(block), **scaled, **launch_options(x))
+                                       num_warps=_warps(block), **scaled)
     return QRows(q, scale, dense=out) if fp8 else out
 
 
@@ -172,7 +157,7 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
         bias = ln.weight if ln.bias is None else ln.bias  # never read without HAS_BIAS
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, n_cols=x.shape[1], eps=ln.eps,
                                        HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
-                                       num_warps=_warps(block), **unscale_args(x)[1], **launch_options(x))
+                                       num_warps=_warps(block), **unscale_args(x)[1])
     return out, s
 
 
@@ -207,7 +192,7 @@ def add_rms_norm(x: "torch.Tensor | ScaledRows", residual: torch.Tensor | None, 
         r = residual.contiguous() if residual is not None else x
         k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, n_cols=x.shape[1], eps=norm.eps,
                                         HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
-                                        BLOCK=block, num_warps=_warps(block), **scaled, **launch_options(x))
+                                        BLOCK=block, num_warps=_warps(block), **scaled)
     return (QRows(q, scale) if fp8 else out), s
 
 
@@ -243,7 +228,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
             k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
                                  0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
-                                 num_warps=4 if heads * head_dim <= 4096 else 8, **launch_options(qkv))
+                                 num_warps=4 if heads * head_dim <= 4096 else 8)
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
@@ -289,18 +274,18 @@ FP8_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_
 def _gated(gate_up: "torch.Tensor | ScaledRows", act: str, fp8: bool = False) -> "torch.Tensor | QRows":
     if fp8:
         return act_quant(gate_up, act, gated=True)
-    gate_up = materialize(gate_up)
-    k = _fused(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    if k is None or gate_up.dim() != 2:
+    raw, scaled = unscale_args(gate_up)
+    k = _fused(raw)
+    if k is None or raw.dim() != 2:
+        gate, up = materialize(gate_up).chunk(2, dim=-1)
         return _ACT_FNS[act](gate) * up
-    gate_up = gate_up.contiguous()
-    T, n = gate_up.shape[0], gate_up.shape[1] // 2
-    out = gate_up.new_empty((T, n))
+    raw = raw.contiguous()
+    T, n = raw.shape[0], raw.shape[1] // 2
+    out = raw.new_empty((T, n))
     if T:
         block = min(1024, k.next_pow2(n))
-        k.gated_act_kernel[(T, -(-n // block))](gate_up, out, n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4,
-                                                **launch_options(gate_up))
+        k.gated_act_kernel[(T, -(-n // block))](raw, out, n_cols=n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4,
+                                                **scaled)
     return out
 
 
