@@ -151,7 +151,7 @@ class Engine:
         if self.device.type == "cuda" and self.graph_options.enabled:
             o = self.graph_options
             self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
-                                       self.use_types, debug=o.debug, blocks=model.blocks())
+                                       self.use_types, debug=o.debug)
         self.quantization = quantization
         if quantization == "fp8":
             self._enable_fp8(fp8_min_cosine)
