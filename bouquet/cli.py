@@ -6,6 +6,7 @@ import functools
 import inspect
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -48,7 +49,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
 # to both commands, which receive them as one dict of config fields.
 _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "model": (list[str], "models", typer.Option(
-        [m for m in [_env("MODEL")] if m], help="Model directory or Hugging Face id (default: the embedded "
+        [m for m in [_env("MODEL")] if m], metavar="DIR|ORG/NAME", help="Model directory or Hugging Face id (default: the embedded "
         "all-MiniLM-L6-v2). `serve` only: repeat to serve several models behind one endpoint, each with its own replicas.")),
     "revision": (Optional[str], "revision", typer.Option(
         _default("revision"), help="Branch, tag or commit of a Hugging Face --model (same as --model ORG/NAME@REVISION).")),
@@ -58,8 +59,9 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "dtype": (str, "dtype", typer.Option(
         _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
     "quantization": (str, "quantization", typer.Option(
-        _default("quantization"), help="none | fp8: the layers' matmuls in fp8 e4m3 (weights per channel, activations per "
-        "token) on batches of 1,024 tokens and more; refused when it moves the model's outputs (docs/quantization.md).")),
+        _default("quantization"), help="none | fp8: matmuls in fp8 e4m3 (weights per channel, activations per token): "
+        "decoders' MLP on every batch, encoders' q/k/v on batches of 1,024 tokens and more; refused when it moves the "
+        "model's outputs (docs/quantization.md).")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
         _default("max_batch_tokens"),
         help=f"Token budget per engine step (0 = auto: {GPU_BATCH_TOKENS} GPU, {CPU_BATCH_TOKENS} CPU).")),
@@ -73,7 +75,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "graph_max_tokens": (int, "graph_max_tokens", typer.Option(
         _default("graph_max_tokens"), help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")),
     "capture_bucket": (list[str], "capture_buckets", typer.Option(
-        [], help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
+        [], metavar="SEQS:TOKENS:MAX_SEQLEN", help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
         "instead of on its second use.")),
     "bucket_stats": (Optional[str], "bucket_stats_path", typer.Option(
         _default("bucket_stats_path"), help="Bucket-hit histogram (JSON): its hot buckets are captured at start-up "
@@ -122,7 +124,7 @@ def _config(**values: object) -> ServeConfig:
 @_with_replica_options
 def serve(
     replica: dict[str, Any],
-    served_model_name: list[str] = typer.Option([], help="Public model name(s); repeatable. One model: its names, the "
+    served_model_name: list[str] = typer.Option([], metavar="NAME", help="Public model name(s); repeatable. One model: its names, the "
                                                 "first being the id in replies. Several --model: one name per model, in order."),
     host: str = typer.Option(_env("HOST", _default("host")), help="Gateway bind address."),
     port: int = typer.Option(int(_env("PORT") or _default("port")), help="Gateway HTTP port."),
@@ -135,7 +137,7 @@ def serve(
                                          "of small requests."),
     transport: str = typer.Option(_default("transport"), help="auto: a Unix socket to the replicas started here, gRPC "
                                   "to --server ones | grpc: gRPC to every replica."),
-    server: list[str] = typer.Option([], help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
+    server: list[str] = typer.Option([], metavar="HOST:PORT", help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
     chunk_tokens: int = typer.Option(_default("chunk_tokens"), help="Split large requests into chunks of about this many tokens."),
     gateway_workers: int = typer.Option(_default("gateway_workers"), help="Gateway worker processes (tokenization is "
                                         "CPU-bound); all share the replicas."),
@@ -148,7 +150,7 @@ def serve(
     api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
                                      help="Refuse over-long inputs by default instead of truncating."),
-    cors_allow_origin: list[str] = typer.Option([], help="A browser origin (e.g. https://app.example.com, or *) "
+    cors_allow_origin: list[str] = typer.Option([], metavar="ORIGIN", help="A browser origin (e.g. https://app.example.com, or *) "
                                                 "allowed to call the API: answers CORS preflights. Repeatable; off by default."),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
@@ -177,11 +179,11 @@ def serve(
 
 @app.command(short_help="Benchmark bouquet beside transformers (bench/README.md).")
 def bench(
-    model: list[str] = typer.Option(["bge-base"], help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
+    model: list[str] = typer.Option(["bge-base"], metavar="SHAPE|DIR", help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
                                     "qwen3-0.6b, mpnet-base, modernbert-base, distilbert, roberta-large, gte-qwen2-1.5b, e5-mistral-7b, "
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
-    system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"],
+    system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="SYSTEM",
                                      help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | grpc | http | http-fp8 (serve --quantization fp8) | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
     benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
@@ -250,12 +252,19 @@ def bench(
                         settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,
                         openai_model=openai_model, commit=commit, gateway_workers=gateway_workers,
                         replicas_per_gpu=replicas_per_gpu, query_texts=query_texts)
+    # SIGTERM (a job runner's stop, `timeout`) unwinds the run like Ctrl-C, so the servers it started are
+    # stopped by their finally blocks instead of outliving it (Python's default SIGTERM skips them).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     results, files = run_bench(opts)
     typer.echo((out / "results.md").read_text())
     for f in files:
         typer.echo(f"wrote {f}")
     if any(m["errors"] for m in results["models"].values()):
         raise typer.Exit(1)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @app.command(short_help="Embed files into vector shards (offline, resumable).")
@@ -334,7 +343,7 @@ def server_cmd(
     host: str = typer.Option("127.0.0.1", help="gRPC bind address; 0.0.0.0 to serve gateways on other machines "
                              "(the gRPC port has no authentication: keep it on a private network)."),
     port: int = typer.Option(50051, help="gRPC port."),
-    served_model_name: list[str] = typer.Option([], help="Public model name(s); must match the gateway's."),
+    served_model_name: list[str] = typer.Option([], metavar="NAME", help="Public model name(s); must match the gateway's."),
     device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda | cuda:N"),
 ) -> None:
     """Run ONE server replica (gRPC) on HOST:PORT for gateways elsewhere (`bouquet serve --server HOST:PORT`)."""

@@ -88,3 +88,40 @@ def test_gateway_tokens_bench_smoke(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert res["requests"] > 0 and res["gateway_tokens_per_s"] > 0 and res["engine_tokens_per_s"] > 0
     assert res["gateway_over_engine"] > 0 and res["texts_per_request"] == 4
+
+
+def test_sigterm_to_bench_stops_the_servers_it_started(tmp_path: Path) -> None:
+    """A SIGTERM to `bouquet bench` alone (a job runner's stop) ends the run and the `bouquet serve`
+    it started (gateway and replica) with it, and removes the server's work folder."""
+    import os
+    import signal
+    import tempfile
+    import time
+
+    import psutil
+
+    before = set(Path(tempfile.gettempdir()).glob("bouquet-bench-*"))
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+           "--system", "http", "--out", str(tmp_path), "--benchmarks", "3", "--seconds", "120",
+           "--thr-lengths", "32", "--thr-batch", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        bench = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        servers: list[psutil.Process] = []
+        while time.monotonic() < deadline and proc.poll() is None:  # until serve has its replica
+            servers = [c for c in bench.children(recursive=True) if "serve" in c.cmdline()]
+            if servers and servers[0].children(recursive=True):
+                break
+            time.sleep(0.2)
+        assert servers and proc.poll() is None, "the bench did not start its server"
+        family = [servers[0], *servers[0].children(recursive=True)]
+        time.sleep(1.0)  # inside the run
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(family, timeout=45)
+        assert not alive, [p.cmdline() for p in alive]
+        assert set(Path(tempfile.gettempdir()).glob("bouquet-bench-*")) <= before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
