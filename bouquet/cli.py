@@ -167,6 +167,10 @@ def serve(
         drain_timeout=drain_timeout, api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
     )
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bouquet.parent import PARENT_PID_ENV, die_with_parent
+
+    if PARENT_PID_ENV in os.environ:  # started by a tool that owns it (`bouquet bench`): die with that tool
+        die_with_parent()
     from bouquet.launcher import serve as run
 
     try:
@@ -193,21 +197,21 @@ def bench(
     tokenizer: Optional[Path] = typer.Option(None, help="tokenizer.json to put in the model folders (default: all-MiniLM-L6-v2's)."),
     tiny: bool = typer.Option(False, help="Small copies of the shapes (CPU smoke runs)."),
     seconds: float = typer.Option(3.0, help="Time per case (at least --min-iters requests)."),
-    min_iters: int = typer.Option(5),
+    min_iters: int = typer.Option(5, help="Benchmarks 1, 2 and 4: at least this many timed requests per case."),
     warmup: int = typer.Option(3, help="Untimed requests before each latency case."),
     warmup_seconds: float = typer.Option(1.0, help="Benchmarks 3 and 4: seconds of the same load, untimed, before each case."),
     mixed_range: str = typer.Option("16,512", help="Mixed-length benchmark: lowest,highest length."),
     lat_lengths: str = typer.Option("128,512,4096", help="Benchmark 1 lengths (longer than the model allows are skipped)."),
     thr_lengths: str = typer.Option("512,1024,4096", help="Benchmark 3 lengths."),
-    score_batches: str = typer.Option("5,25,50"),
+    score_batches: str = typer.Option("5,25,50", help="Benchmark 2: sequences per request (comma-separated)."),
     score_len: int = typer.Option(512, help="Benchmark 2 sequence length."),
     conc_len: int = typer.Option(512, help="Benchmark 4 text length, tokens."),
-    thr_batch: int = typer.Option(100),
+    thr_batch: int = typer.Option(100, help="Benchmark 3 (and mixed): sequences per request."),
     concurrency: str = typer.Option("1,2,4,8,16", help="Benchmark 4 client counts."),
     grpc_address: Optional[str] = typer.Option(None, help="Use this bouquet replica (HOST:PORT) instead of starting one."),
     http_url: Optional[str] = typer.Option(None, help="Use this bouquet gateway instead of starting one."),
     openai_url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible base URL (system 'openai')."),
-    openai_model: Optional[str] = typer.Option(None),
+    openai_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --openai-url (default: none sent)."),
     commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
     gateway_workers: int = typer.Option(1, help="Gateway worker processes of the HTTP server the bench starts."),
     replicas_per_gpu: int = typer.Option(1, help="Replica processes of the HTTP server the bench starts."),
@@ -269,7 +273,7 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 @app.command(short_help="Embed files into vector shards (offline, resumable).")
 def embed(
-    input: str = typer.Argument(..., help="A JSONL, CSV/TSV, Parquet or text file (one document per line), or a folder of them."),
+    input: str = typer.Argument(..., metavar="INPUT", help="A JSONL, CSV/TSV, Parquet or text file (one document per line), or a folder of them."),
     output: str = typer.Option(..., "--output", "-o", help="Output folder: part-NNNNN shards and _manifest.json."),
     model: Optional[str] = typer.Option(None, help="Model directory or Hugging Face id ORG/NAME[@REVISION] (default: the "
                                         "embedded all-MiniLM-L6-v2)."),
@@ -290,7 +294,7 @@ def embed(
     prompt: Optional[str] = typer.Option(None, help="Text prefixed to every document (default: the model's default prompt)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard what the output folder holds instead of resuming."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (rows/s, tokens/s, ETA)."),
-    ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster through Ray Data (needs the ray extra: pip install bouquet\\[ray])."),
+    ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster through Ray Data (needs the ray extra: pip install 'bouquet[ray]')."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (with --ray); none = start a local Ray."),
     workers: int = typer.Option(0, help="With --ray: engine actors (0 = one per GPU, or 2 on CPU)."),
     log_level: str = typer.Option("warning", help="critical | error | warning | info | debug"),
@@ -300,7 +304,7 @@ def embed(
     from bouquet.jobs.embed_job import EmbedJobConfig
 
     if log_level.lower() not in LOG_LEVELS:
-        typer.echo(f"error: --log-level must be one of {LOG_LEVELS}, got {log_level!r}", err=True)
+        typer.echo(f"error: --log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", err=True)
         raise typer.Exit(2)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

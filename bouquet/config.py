@@ -34,14 +34,13 @@ GRAPH_MAX_TOKENS = 8192  # batches with more tokens run eagerly, not as a CUDA-g
 # cache (measured: ~15% faster on 2 cores than 16,384).
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
-# --quantization fp8: steps of fewer tokens run the bf16 weights (kept beside the fp8 ones), because
-# at small M the fp8 GEMM with per-row scales is slower than bf16 (bench/results/, issue 14 probe:
-# 0.69x at 128 tokens, 1.24x at 2,560, 1.52x at 51,200 for Qwen3-0.6B's linears).
-FP8_MIN_TOKENS = 1024
-# ... but projections whose scales are deferred to the next kernel (quant.py) run a unit-scale fp8 GEMM,
-# faster than bf16 at every size measured (the same linears: 0.75 vs 0.87 ms at 1 token, 0.60 vs 0.76
-# at 128, 0.81 vs 1.01 at 512; bench/results/h200-2026-11-30e/call1-gemm.json): fp8 from the first token.
-FP8_DEFERRED_MIN_TOKENS = 1
+# --quantization fp8 runs its matmuls in fp8 on every step, whatever its size: with per-token activation
+# scales a text's vector then never depends on the batch it was stepped with (a threshold made the same
+# text come back 4% different alone and inside a large batch). Cost: below ~1,024 tokens the row-wise
+# scaled GEMM (encoders' q/k/v, fp16 models) is 5-25% slower than bf16 (bench/results/h200-2026-11-30e,
+# call 1: 0.94 vs 0.76 ms at 128 tokens for Qwen3-0.6B's linears); deferred-scale GEMMs (decoders' MLP)
+# are faster than bf16 at every size. Probes move it with quant.set_fp8_min_tokens.
+FP8_MIN_TOKENS = 1
 # fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
 # own bf16 outputs (engine.py, at load).
 FP8_MIN_COSINE = 0.995
@@ -89,7 +88,7 @@ class ServeConfig:
     grpc_port: int = 0  # 0 = pick a free port
     device: Device = "auto"
     dtype: DType = "auto"
-    # "fp8": the layers' matmuls in e4m3 (engine/quant.py) on batches of FP8_MIN_TOKENS and more
+    # "fp8": the layers' matmuls in e4m3 (engine/quant.py) on every step (FP8_MIN_TOKENS)
     quantization: Quantization = "none"
     max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
@@ -142,15 +141,17 @@ class ServeConfig:
         if self.revision is not None and self.models:
             raise ConfigError("--revision is ambiguous with several --model: give each its revision as ORG/NAME@REVISION")
         if self.device not in DEVICES:
-            raise ConfigError(f"--device must be one of {DEVICES}, got {self.device!r}")
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+            raise ConfigError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.log_level.lower() not in LOG_LEVELS:
-            raise ConfigError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+            raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.engine not in ENGINES:
-            raise ConfigError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
+            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.engine == "noop" and self.quantization != "none":
+            raise ConfigError(f"--quantization {self.quantization} needs a model: --engine noop runs none")
         for name in ("port", "grpc_port"):
             v = getattr(self, name)
             if not 0 <= v <= 65535:
@@ -161,7 +162,7 @@ class ServeConfig:
         if self.max_batch_tokens < 0:
             raise ConfigError(f"--max-batch-tokens must be >= 1 (or 0 for auto), got {self.max_batch_tokens}")
         if self.transport not in TRANSPORTS:
-            raise ConfigError(f"--transport must be one of {TRANSPORTS}, got {self.transport!r}")
+            raise ConfigError(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.models:
             if len(self.models) < 2 or self.model != self.models[0]:
                 raise ConfigError(f"models {self.models} must list two or more models, the first being model {self.model!r}")

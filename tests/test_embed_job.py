@@ -154,6 +154,22 @@ def test_sigkill_mid_run_then_resume_gives_the_same_rows(stsb_input: Path, stsb_
     assert bad.returncode == 2 and "shard_rows" in bad.stderr
 
 
+def test_a_model_the_engine_refuses_leaves_the_output_folder_unwritten(tmp_path: Path) -> None:
+    """The engine loads before the job writes anything: a refused model (here fp8 for an architecture
+    without an fp8 path) leaves no manifest, so the same --output takes the corrected command."""
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    model = make_tiny_model("modernbert", tmp_path / "m")
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out"
+    inp.write_text("".join(json.dumps({"id": str(i), "text": f"sentence number {i}"}) + "\n" for i in range(20)))
+    args = (str(inp), "--output", str(out), "--model", str(model), "--device", "cpu")
+    bad = subprocess.run(embed_cmd(*args, "--quantization", "fp8"), env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not supported for ModernBertModel" in bad.stderr, bad.stderr[-1500:]
+    assert not out.exists()
+    run_embed(*args)
+    assert json.loads((out / MANIFEST).read_text())["complete"]
+
+
 @pytest.mark.slow  # starts a local Ray cluster
 def test_ray_path_gives_the_same_output(stsb_input: Path, stsb_output: pa.Table, tmp_path: Path) -> None:
     out = tmp_path / "ray"

@@ -6,14 +6,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-TITLES = {
-    "1": "Benchmark 1: batch-1 latency, pre-tokenized (p50 ms)",
-    "2": "Benchmark 2: scoring latency, 512 tokens (p50 ms)",
-    "3": "Benchmark 3: throughput, batch 100, 4 clients (emb/s)",
-    "3-mixed": "Benchmark 3, mixed lengths in arrival order (emb/s)",
-    "4": "Benchmark 4: text through the gateway, concurrent clients (p50 ms)",
-    "5": "Benchmark 5: online queries, one short text per request, N client processes (req/s; p50 / p99 ms)",
-}
+def titles(settings: dict[str, Any]) -> dict[str, str]:
+    """Each benchmark's heading, with the sizes this run used (``meta["settings"]``; the defaults
+    where a results file predates them)."""
+    g = {"score_len": 512, "thr_batch": 100, "clients": 4, "mixed": (16, 512), **settings}
+    return {
+        "1": "Benchmark 1: batch-1 latency, pre-tokenized (p50 ms)",
+        "2": f"Benchmark 2: scoring latency, {g['score_len']} tokens (p50 ms)",
+        "3": f"Benchmark 3: throughput, batch {g['thr_batch']}, {g['clients']} clients (emb/s)",
+        "3-mixed": f"Benchmark 3, mixed lengths {g['mixed'][0]}-{g['mixed'][1]} in arrival order, batch "
+                   f"{g['thr_batch']} (emb/s)",
+        "4": "Benchmark 4: text through the gateway, concurrent clients (p50 ms)",
+        "5": "Benchmark 5: online queries, one short text per request, N client processes (req/s; p50 / p99 ms)",
+    }
 
 
 def _cell(row: dict[str, Any]) -> str:
@@ -30,6 +35,7 @@ def _cell(row: dict[str, Any]) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """One table per (model, benchmark): rows = cases, columns = systems."""
     meta = results["meta"]
+    heads = titles(meta.get("settings", {}))
     lines = [f"# bouquet bench — {meta.get('gpu') or meta.get('cpu')}", "",
              f"commit `{meta.get('commit')}`, torch {meta.get('torch')}, transformers {meta.get('transformers')}, "
              f"matmul ceiling {meta['matmul_tflops']:.3g} TFLOP/s, {meta.get('date')}", "",
@@ -57,7 +63,7 @@ def markdown(results: dict[str, Any]) -> str:
             systems = list(dict.fromkeys(r["system"] for r in brs))
             cases = list(dict.fromkeys(r["case"] for r in brs))
             floor_col = "floor ms" if "emb_s" not in brs[0] else "ceiling emb/s"
-            lines.append(f"### {TITLES.get(bench, bench)}")
+            lines.append(f"### {heads.get(bench, bench)}")
             lines.append("")
             lines.append("| case | " + " | ".join(systems) + f" | {floor_col} |")
             lines.append("|---" * (len(systems) + 2) + "|")
@@ -74,6 +80,8 @@ def markdown(results: dict[str, Any]) -> str:
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
     """One PNG per model: a panel per benchmark, grouped bars per case, one colour per system."""
     import matplotlib
+
+    heads = titles(results["meta"].get("settings", {}))
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -97,7 +105,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=20, fontsize=8)
             ax.set_yscale("log")
             ax.set_ylabel({"emb_s": "embeddings/s", "req_s": "requests/s"}.get(key, "p50 ms"))
-            ax.set_title(TITLES.get(bench, bench), fontsize=8)
+            ax.set_title(heads.get(bench, bench), fontsize=8)
             ax.legend(fontsize=7)
         fig.suptitle(f"{model} — {results['meta'].get('gpu') or results['meta'].get('cpu')}")
         fig.tight_layout()

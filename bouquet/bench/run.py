@@ -175,11 +175,25 @@ def _window(n: int, work: Callable[[int, float], None], seconds: float) -> float
     """Run ``work(client, end)`` in ``n`` threads until ``end`` = now + ``seconds``; returns the
     window's length in seconds (at least ``seconds``: every client finishes its request)."""
     start = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(c, start + seconds)) for c in range(n)]
+    stopping = threading.Event()  # the run is being interrupted: a client's failing request is expected
+
+    def run(c: int) -> None:
+        try:
+            work(c, start + seconds)
+        except Exception:
+            if not stopping.is_set():
+                raise
+
+    # daemon: a SIGTERM / Ctrl-C that ends the run does not wait for the clients' last requests
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in range(n)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:
+        stopping.set()  # before the targets' connections close under the clients
+        raise
     return time.perf_counter() - start
 
 

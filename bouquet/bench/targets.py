@@ -53,12 +53,11 @@ class EngineTarget(Target):
     ≥ 0.99); its load-time refusal is off here so that the speed is measured whatever the probe
     cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
     attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
-    ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from FP8_MIN_TOKENS
-    tokens; quant.use_rowwise_scales), the baseline of the default fp8 path."""
+    ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
+    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
                  attention: str | None = None, fp8_rowwise: bool = False) -> None:
-        from bouquet.config import FP8_MIN_TOKENS
         from bouquet.engine.engine import Engine, GraphOptions
         from bouquet.engine.quant import use_rowwise_scales
         from bouquet.modelspec import load_spec
@@ -67,7 +66,7 @@ class EngineTarget(Target):
         self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
                              spin_wait=True, quantization=quantization, fp8_min_cosine=0.0)
         if fp8_rowwise:
-            use_rowwise_scales(self.engine.model, FP8_MIN_TOKENS)
+            use_rowwise_scales(self.engine.model, 1024)
         self.engine.warmup()
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
@@ -257,7 +256,11 @@ class ServerProcess:
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
         self.log = open(self.tmp / "server.log", "wb")
-        env = {**os.environ, **(extra_env or {})}
+        from bouquet.parent import PARENT_PID_ENV
+
+        # the server dies with this process even when it is SIGKILLed (parent.py); a SIGTERM to the
+        # bench stops it through stop() (cli.py turns SIGTERM into SystemExit)
+        env = {**os.environ, **(extra_env or {}), PARENT_PID_ENV: str(os.getpid())}
         if kind == "grpc":
             cfg = ServeConfig(model=str(model_dir), device=device, engine=engine,  # type: ignore[arg-type]
                               quantization=quantization).validate()  # type: ignore[arg-type]

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bouquet.config import (FP8_DEFERRED_MIN_TOKENS, FP8_MIN_COSINE, FP8_MIN_TOKENS, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS,
-                            ServeConfig)
+from bouquet.config import FP8_MIN_COSINE, FP8_MIN_TOKENS, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
 from bouquet.engine.attention import AttentionBackend, VarlenBackend, select_backend
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, bucket_for, load_hot
@@ -168,8 +167,7 @@ class Engine:
         random-token sequences of 8–128 tokens, fixed seed) in fp8 against bf16: refused with
         ValueError below ``min_cosine`` (FP8_MIN_COSINE; benchmarks pass 0 to time any model), so
         fp8 never serves vectors far from the model's own."""
-        n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS, stored=self.stored_fp8,
-                       min_tokens_deferred=FP8_DEFERRED_MIN_TOKENS)
+        n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS, stored=self.stored_fp8)
         rng = np.random.default_rng(0)
         top = min(128, self.spec.max_seq_length)
         seqs = [rng.integers(1000 if self.spec.vocab_size > 2000 else 0, self.spec.vocab_size,
@@ -184,21 +182,20 @@ class Engine:
         cos = output_cosines(fp8, ref)
         chosen = [p for p in projections(self.model) if p.fp8 is not None]
         kinds = {p.kind: p for p in chosen}  # one projection per kind: the same settings in every layer
-        how = ", ".join(f"{k} from {p.fp8_min_tokens} token{'s' if p.fp8_min_tokens != 1 else ''} "
-                        f"({'scales applied by the next kernel' if p.deferred else 'row-wise scaled GEMM'})"
+        how = ", ".join(f"{k}: {'scales applied by the next kernel' if p.deferred else 'row-wise scaled GEMM'}"
                         for k, p in kinds.items())
         kept = sum(p.fp8_stored for p in chosen)
         dt = str(self.dtype).removeprefix("torch.")  # the model dtype: bfloat16 on the GPU by default, float32 on the CPU
-        log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer; per-channel weight and per-token "
-                 "activation scales; %d with the checkpoint's own fp8 weights, the others quantized at load); "
-                 "steps: %s; %s for the other matmuls and smaller steps, embeddings, norms, attention, pooling and "
-                 "heads; probe batch cosine vs %s min %.5f mean %.5f",
+        log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer, on every step; per-channel weight and "
+                 "per-token activation scales; %d with the checkpoint's own fp8 weights, the others quantized at "
+                 "load; %s); %s for the other matmuls, embeddings, norms, attention, pooling and heads; probe batch "
+                 "cosine vs %s min %.5f mean %.5f",
                  n, "+".join(kinds), kept, how, dt, dt, cos.min(), cos.mean())
         self.fp8_cosine = (float(cos.min()), float(cos.mean()))
         if not np.isfinite(cos).all() or cos.min() < min_cosine:
             raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "
-                             f"only cosine {cos.min():.4f} against its own {self.dtype} outputs (the bar is "
-                             f"{min_cosine}); serve it without --quantization")
+                             f"only cosine {cos.min():.4f} against its own {dt} outputs (the bar is "
+                             f"{min_cosine}); run it without --quantization")
 
     @classmethod
     def from_state_dict(cls, spec: ModelSpec, state: dict[str, torch.Tensor], device: str = "auto",

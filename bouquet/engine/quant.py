@@ -29,8 +29,8 @@ Rounding order follows the bf16 path: the kernels round to the model dtype where
 normed row, the activation), then quantize that rounded value, as ``quantize_rows`` would.
 
 What this module does not own: when a forward pass uses fp8 (the layers ask
-``Projection.use_fp8(T)``; the thresholds are ``FP8_MIN_TOKENS`` for row-wise projections and
-``FP8_DEFERRED_MIN_TOKENS`` for deferred ones, config.py) or the load-time accuracy check (engine.py).
+``Projection.use_fp8(T)``; ``FP8_MIN_TOKENS`` in config.py: every step) or the load-time accuracy
+check (engine.py).
 """
 from __future__ import annotations
 
@@ -94,16 +94,14 @@ class Projection:
         output with unit scales could overflow fp16's range)."""
         return self._one is not None
 
-    def quantize(self, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None,
-                 min_tokens_deferred: int | None = None) -> None:
+    def quantize(self, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
         """Build the fp8 weights (``stored``: e4m3 rows [N, K] and scales [N] a checkpoint already
         holds, used as they are; else quantized from the weight); forward passes of at least
-        ``min_tokens`` tokens (``min_tokens_deferred`` when the scales are deferred) use them."""
+        ``min_tokens`` tokens use them."""
         self.fp8 = Fp8Weight.quantize(self.weight) if stored is None else Fp8Weight(stored[0], stored[1][None, :])
         self.fp8_stored = stored is not None
         if self.defer and self.weight.dtype in (torch.bfloat16, torch.float32):
             self._one = torch.ones((), dtype=torch.float32, device=self.weight.device)
-            min_tokens = min_tokens if min_tokens_deferred is None else min_tokens_deferred
         self.fp8_min_tokens = self.fp8_default_min_tokens = min_tokens
 
     def use_fp8(self, tokens: int) -> bool:
@@ -137,10 +135,9 @@ KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output
 
 
 def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] | None = None,
-               stored: "StoredFp8 | None" = None, min_tokens_deferred: int | None = None) -> int:
+               stored: "StoredFp8 | None" = None) -> int:
     """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds`` (None: each
-    layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more (``min_tokens_deferred``
-    for projections whose scales are deferred; None: ``min_tokens``) then run them in fp8.
+    layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more then run them in fp8.
     ``stored``: the e4m3 rows of a checkpoint stored in fp8 (fp8_checkpoint.py); a projection whose
     every part is there uses them as they are. Returns how many were quantized.
 
@@ -162,8 +159,7 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
             raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
     chosen = list(projections(model, defaults_only=True)) if kinds is None else [p for p in projs if p.kind in kinds]
     for p in chosen:
-        p.quantize(min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None,
-                   min_tokens_deferred)
+        p.quantize(min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None)
     return len(chosen)
 
 

@@ -244,21 +244,22 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     }
     out_dir = Path(cfg.output)
     manifest = Manifest.open(out_dir, settings, cfg.overwrite)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest.save()  # first, so an --overwrite that is interrupted leaves no stale list of done shards
-    if cfg.overwrite:
-        for old in out_dir.glob("part-*"):
-            old.unlink()
-    writer = ShardWriter(out_dir, cfg.format, cfg.output_dtype, manifest)
     skipped = len(manifest.done)
     if manifest.complete:
         log.info("embed: %s is already complete (%d shards); nothing to do", out_dir, skipped)
         return JobStats(0, 0, 0.0, 0, skipped)
-    if engine is None:  # loaded only when there is work left
+    if engine is None:  # loaded only when there is work left, and before anything is written: a model
+        # the engine refuses (fp8 probe, device) leaves the output folder as it was
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
         engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization)
         engine.warmup()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest.save()  # before any shard, so an --overwrite that is interrupted leaves no stale list of done shards
+    if cfg.overwrite:
+        for old in out_dir.glob("part-*"):
+            old.unlink()
+    writer = ShardWriter(out_dir, cfg.format, cfg.output_dtype, manifest)
     budget = batch_token_budget(cfg.max_batch_tokens, engine.device.type, spec.max_seq_length)
     tokenizer = TextTokenizer(spec)
 
