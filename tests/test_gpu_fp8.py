@@ -88,9 +88,10 @@ def _scaled(T: int, N: int, bias: bool):  # type: ignore[no-untyped-def]
 
 
 def _one_step(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Equal but for rare one-ulp moves (the kernel's fp32 multiply-add order vs PyTorch's)."""
+    """Equal but for rare one-ulp moves (the kernel's fp32 multiply-add order vs PyTorch's); where
+    a moved input feeds a product (SiLU(gate) · up), the output can move two ulps."""
     assert (got != want).float().mean() < 2e-3
-    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=1e-6)
 
 
 @pytest.mark.parametrize("T", [1, 130, 4096])
