@@ -30,7 +30,7 @@ from bouquet.engine.fp8_checkpoint import split_fp8_checkpoint
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
-from bouquet.engine.quant import enable_fp8, output_cosines, projections, restore_fp8_min_tokens, set_fp8_min_tokens
+from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
@@ -178,7 +178,7 @@ class Engine:
             fp8 = self.forward(batch)
             set_fp8_min_tokens(self.model, None)
             ref = self.forward(batch)
-            restore_fp8_min_tokens(self.model)
+            set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
         cos = output_cosines(fp8, ref)
         chosen = [p for p in projections(self.model) if p.fp8 is not None]
         kinds = {p.kind: p for p in chosen}  # one projection per kind: the same settings in every layer

@@ -81,7 +81,6 @@ class Projection:
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
-        self.fp8_default_min_tokens: int | None = None  # what quantize set (restore_fp8_min_tokens)
         self._one: torch.Tensor | None = None  # [] float32 1.0 on the device: the unit scale, when deferred
 
     @classmethod
@@ -102,7 +101,7 @@ class Projection:
         self.fp8_stored = stored is not None
         if self.defer and self.weight.dtype in (torch.bfloat16, torch.float32):
             self._one = torch.ones((), dtype=torch.float32, device=self.weight.device)
-        self.fp8_min_tokens = self.fp8_default_min_tokens = min_tokens
+        self.fp8_min_tokens = min_tokens
 
     def use_fp8(self, tokens: int) -> bool:
         """Whether a forward pass of ``tokens`` (static per CUDA-graph bucket) runs this in fp8."""
@@ -177,13 +176,7 @@ def use_rowwise_scales(model: nn.Module, min_tokens: int) -> None:
     for p in projections(model):
         if p.fp8 is not None:
             p._one = None
-            p.fp8_min_tokens = p.fp8_default_min_tokens = min_tokens
-
-
-def restore_fp8_min_tokens(model: nn.Module) -> None:
-    """Put back the thresholds ``enable_fp8`` set (after ``set_fp8_min_tokens``)."""
-    for p in projections(model):
-        p.fp8_min_tokens = p.fp8_default_min_tokens
+            p.fp8_min_tokens = min_tokens
 
 
 def output_cosines(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
