@@ -6,7 +6,10 @@
 2. random full-size models (folders that `bouquet bench` built, given as MODEL_DIR arguments):
    fp8 vs bf16 cosine (min, mean) on 64 random sequences of 16-512 tokens.
 
-    python bench/fp8_accuracy_gpu.py OUT.json [MODEL_DIR ...]
+    python bench/fp8_accuracy_gpu.py OUT.json [MODEL_DIR ...] [--encoder-kinds qkv,up,down]
+
+``--encoder-kinds``: the matmuls BERT-family layers run in fp8 (their ``FP8_KINDS``, default qkv),
+to measure a candidate default before it is one.
 """
 from __future__ import annotations
 
@@ -78,14 +81,26 @@ def random_model(d: str) -> dict:
 
 
 def main() -> None:
-    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import argparse
+
+    from bouquet.engine.models.bert import PostNormLayer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("model_dirs", nargs="*")
+    ap.add_argument("--encoder-kinds", default=None, help="comma-separated, e.g. qkv,up,down")
+    a = ap.parse_args()
+    if a.encoder_kinds:
+        PostNormLayer.FP8_KINDS = tuple(a.encoder_kinds.split(","))
+    res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "encoder_fp8_kinds": list(PostNormLayer.FP8_KINDS)}
     res["minilm_stsb_test"] = minilm()
     print(json.dumps(res, indent=1), flush=True)
-    for d in sys.argv[2:]:
+    for d in a.model_dirs:
         res[Path(d).name] = random_model(d)
         print(d, res[Path(d).name], flush=True)
         torch.cuda.empty_cache()
-    Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
+    Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

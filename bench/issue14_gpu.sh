@@ -7,7 +7,11 @@
 #   acc    bench/fp8_accuracy_gpu.py: the real MiniLM on STSb and random Qwen3/bge, fp8 vs references;
 #   kinds  bench/probes/fp8_kinds_probe.py: cosine and step time per set of fp8 matmuls;
 #   prof   bench/probes/profile_gpu.py --variants fused: kernels per batch-1 replay, top kernels;
-#   probe  bench/probes/issue14_probe.py --parts tattn step (attention tiles, mixed-step kernel split).
+#   probe  bench/probes/issue14_probe.py --parts tattn step (attention tiles, mixed-step kernel split);
+#   aq     bench/probes/act_quant_probe.py: the activation + fp8 cast kernel now vs at 1bc3035;
+#   host   bench/probes/host_step_probe.py: eager launch time vs GPU time of 16k-token steps, graphs to 16,384.
+# TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
+# accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
 # STEPS (default "tests bench prof") picks a subset; SYSTEMS overrides the bench systems; SEPARATE=1
 # runs each system in a bench process of its own.
@@ -19,8 +23,8 @@ M=/tmp/bench-models
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 bundle() { tar czf "$OUT/r.tgz" -C "$OUT" r; }  # after every step: a call cut off at its limit still returns what ran
 if has tests; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_attention.py tests/test_gpu_fastpath.py \
-    tests/test_gpu_fp8.py > "$R/gpu-tests.txt" 2>&1
+  timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_gpu_attention.py tests/test_gpu_fastpath.py \
+    tests/test_gpu_fp8.py} > "$R/gpu-tests.txt" 2>&1
   tail -5 "$R/gpu-tests.txt"
   bundle
 fi
@@ -40,14 +44,14 @@ if has bench; then
     bundle
   done
 fi
-if has acc; then
-  timeout 200 python3 bench/fp8_accuracy_gpu.py "$R/accuracy.json" $M/qwen3-0.6b $M/bge-base > "$R/accuracy.log" 2>&1
-  tail -c 1500 "$R/accuracy.log"
+if has kinds; then
+  timeout 200 python3 bench/probes/fp8_kinds_probe.py "$R/kinds.json" --models-root $M ${KINDS_SHAPES:+--shapes $KINDS_SHAPES} > "$R/kinds.log" 2>&1
+  tail -n 20 "$R/kinds.log"
   bundle
 fi
-if has kinds; then
-  timeout 200 python3 bench/probes/fp8_kinds_probe.py "$R/kinds.json" --models-root $M > "$R/kinds.log" 2>&1
-  tail -n 20 "$R/kinds.log"
+if has acc; then
+  timeout 200 python3 bench/fp8_accuracy_gpu.py "$R/accuracy.json" $M/qwen3-0.6b $M/bge-base ${ACC_ARGS:-} > "$R/accuracy.log" 2>&1
+  tail -c 1500 "$R/accuracy.log"
   bundle
 fi
 if has prof; then
@@ -58,6 +62,16 @@ fi
 if has probe; then
   timeout 200 python3 bench/probes/issue14_probe.py "$R/probe.json" --parts tattn step --models-root $M > "$R/probe.log" 2>&1
   tail -c 3000 "$R/probe.log"
+  bundle
+fi
+if has aq; then
+  timeout 120 python3 bench/probes/act_quant_probe.py "$R/act_quant.json" > "$R/act_quant.log" 2>&1
+  tail -n 8 "$R/act_quant.log"
+  bundle
+fi
+if has host; then
+  timeout 420 python3 bench/probes/host_step_probe.py "$R/host.json" --models-root $M ${HOST_SHAPES:+--shapes $HOST_SHAPES} > "$R/host.log" 2>&1
+  grep -v "^ " "$R/host.log" | tail -n 30
   bundle
 fi
 bundle

@@ -76,6 +76,17 @@ def _warps(block: int) -> int:
 _MAX_ROW = 16384  # one program holds a whole row in registers
 
 
+def row_parts(n: int) -> tuple[int, int, int]:
+    """A row of ``n`` columns as at most three power-of-two tiles, largest first (0 = none), for
+    ``kernels.act_quant_kernel``: the binary digits of ``n`` when it has at most three, none below
+    128 (3,072 → 2,048 + 1,024; 768 → 512 + 256), else one tile of the next power of two whose
+    masked tail the kernel skips."""
+    bits = [1 << i for i in reversed(range(n.bit_length())) if n >> i & 1]
+    if len(bits) > 3 or (len(bits) > 1 and bits[-1] < 128):
+        bits = [1 << (n - 1).bit_length()]
+    return (bits + [0, 0])[0], (bits + [0, 0])[1], (bits + [0, 0])[2]
+
+
 def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool = False) -> QRows:
     """x [T, K] (or [T, 2K] with ``gated``: gate columns first, then up) in fp16/bf16/fp32 →
     QRows of act(x) (or act(gate) · up), [T, K]. ``act``: identity | silu | gelu_tanh | gelu (erf).
@@ -94,10 +105,10 @@ def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool
     q = torch.empty((T, n), dtype=FP8, device=raw.device)
     scale = torch.empty((T, 1), dtype=torch.float32, device=raw.device)
     if T:
-        block = k.next_pow2(n)
+        parts = row_parts(n)
         k.act_quant_kernel[(T,)](raw, q, scale, n_cols=n, x_stride=raw.stride(0), ACT=_ACT_CODES[act], GATED=gated,
-                                 BLOCK=block, num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16,
-                                 **scaled)
+                                 BLOCK=parts[0], BLOCK1=parts[1], BLOCK2=parts[2],
+                                 num_warps=4 if parts[0] <= 2048 else 8 if parts[0] <= 8192 else 16, **scaled)
     return QRows(q, scale)
 
 

@@ -1,0 +1,114 @@
+"""act_quant_kernel before and after the split-row / fast-activation change (issue 14), on the GPU.
+
+    python3 bench/probes/act_quant_probe.py OUT.json
+
+Times ``ops.act_quant`` (the kernel as it is now) against the kernel of commit 1bc3035 (kept below
+verbatim: one power-of-two tile per row, libdevice erf) on the rows the engine feeds it: Qwen3-0.6B's
+gate|up GEMM output (deferred scales, [T, 2 × 3072]) and bge-base's up GEMM output (deferred
+scales and bias, [T, 3072], erf-GELU), at T = 128, 2,560 and 16,384; GB/s counts bytes read and
+written once. Also checks the two agree (fraction of fp8 values that differ, max scale difference).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+
+
+@triton.jit
+def _unscale(x, rs_ptr, cs_ptr, b_ptr, row, cols, mask, HAS_BIAS: tl.constexpr):
+    y = x * tl.load(rs_ptr + row) * tl.load(cs_ptr + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
+    tl.store(scale_ptr + row, scale)
+    tl.store(q_ptr + row * n_cols + cols, tl.clamp(y / scale, -448.0, 448.0).to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _act(g, ACT: tl.constexpr):
+    if ACT == 1:
+        a = g / (1.0 + tl.exp(-g))
+    elif ACT == 3:
+        a = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    else:
+        a = g
+    return a
+
+
+@triton.jit
+def act_quant_before(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_stride, ACT: tl.constexpr,
+                     GATED: tl.constexpr, SCALED: tl.constexpr, XBIAS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dt = x_ptr.dtype.element_ty
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        g = _unscale(g, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
+    a = _act(g, ACT).to(dt).to(tl.float32)
+    if GATED:
+        u = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        if SCALED:
+            u = _unscale(u, rs_ptr, cs_ptr + n_cols, xb_ptr + n_cols, row, cols, mask, XBIAS).to(dt).to(tl.float32)
+        a = (a * u).to(dt).to(tl.float32)
+    _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, a)
+
+
+def before(x, act: int, gated: bool):  # type: ignore[no-untyped-def]
+    from bouquet.engine.fp8_rows import FP8, QRows, unscale_args
+
+    raw, scaled = unscale_args(x)
+    n = raw.shape[1] // 2 if gated else raw.shape[1]
+    T = raw.shape[0]
+    q = torch.empty((T, n), dtype=FP8, device=raw.device)
+    s = torch.empty((T, 1), dtype=torch.float32, device=raw.device)
+    block = triton.next_power_of_2(n)
+    act_quant_before[(T,)](raw, q, s, n_cols=n, x_stride=raw.stride(0), ACT=act, GATED=gated, BLOCK=block,
+                           num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16, **scaled)
+    return QRows(q, s)
+
+
+def main() -> None:
+    from bouquet.engine.fp8_rows import ScaledRows
+    from bouquet.engine.ops import act_quant
+
+    R: dict = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, n, gated, act, code, bias in (("qwen3_gate_up_silu", 3072, True, "silu", 1, False),
+                                            ("bge_up_gelu", 3072, False, "gelu", 3, True)):
+        for T in (128, 2560, 16384):
+            width = 2 * n if gated else n
+            raw = torch.randn(T, width, device="cuda", generator=g).mul(40).to(torch.bfloat16)
+            x = ScaledRows(raw, torch.rand(T, 1, device="cuda", generator=g) * 0.02 + 0.01,
+                           torch.rand(1, width, device="cuda", generator=g) * 0.02 + 0.01,
+                           torch.randn(width, device="cuda", generator=g).to(torch.bfloat16) if bias else None,
+                           torch.bfloat16)
+            new, old = act_quant(x, act, gated), before(x, code, gated)
+            ms_new = gpu_ms(lambda: act_quant(x, act, gated), 50)
+            ms_old = gpu_ms(lambda: before(x, code, gated), 50)
+            nbytes = T * width * 2 + T * n + T * 4
+            r = {"before_ms": round(ms_old, 4), "now_ms": round(ms_new, 4),
+                 "before_GBps": round(nbytes / ms_old / 1e6, 1), "now_GBps": round(nbytes / ms_new / 1e6, 1),
+                 "fp8_values_differing": float((new.values.float() != old.values.float()).float().mean()),
+                 "scale_max_rel_diff": float(((new.scale - old.scale).abs() / old.scale).max())}
+            R[f"{name}/T{T}"] = r
+            print(name, T, json.dumps(r), flush=True)
+    Path(sys.argv[1]).write_text(json.dumps(R, indent=1))
+
+
+if __name__ == "__main__":
+    main()
