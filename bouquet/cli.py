@@ -59,8 +59,8 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "dtype": (str, "dtype", typer.Option(
         _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
     "quantization": (str, "quantization", typer.Option(
-        _default("quantization"), help="none | fp8: matmuls in fp8 e4m3 (weights per channel, activations per token): "
-        "decoders' MLP on every batch, encoders' q/k/v on batches of 1,024 tokens and more; refused when it moves the "
+        _default("quantization"), help="none | fp8: matmuls in fp8 e4m3 (weights per channel, activations per token) on every batch: "
+        "decoders' MLP, encoders' q/k/v (and MLP where the accuracy check allows); refused when it moves the "
         "model's outputs (docs/quantization.md).")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
         _default("max_batch_tokens"),
@@ -188,7 +188,7 @@ def bench(
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
-                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | grpc | http | http-fp8 (serve --quantization fp8) | http-noop (bouquet serve --engine "
+                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
     benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),

@@ -29,7 +29,11 @@ LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug") 
 MAX_BATCH_SEQS = 512  # sequence slots per engine step
 CHUNK_TOKENS = 8192  # the gateway splits a large request into chunks of about this many tokens
 INTERACTIVE_MAX_TOKENS = 2048  # requests without 'priority' of at most this many tokens are interactive
-GRAPH_MAX_TOKENS = 8192  # batches with more tokens run eagerly, not as a CUDA-graph replay
+# Batches with more tokens run eagerly, not as a CUDA-graph replay: the GPU step budget, so every full
+# step of a bulk request replays too. An eager 16,384-token step of a small encoder is host-bound: its
+# Python launches take longer than its kernels (H200: bge-base 7.9 ms of launches for 5.6 ms of kernels,
+# all-MiniLM-L6-v2's shape 4.4 for 1.4; bench/results/h200-2026-12-01c).
+GRAPH_MAX_TOKENS = 16384
 # Token budget per engine step when none is given: on the CPU smaller batches keep activations in
 # cache (measured: ~15% faster on 2 cores than 16,384).
 GPU_BATCH_TOKENS = 16384

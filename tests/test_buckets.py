@@ -32,6 +32,26 @@ def test_bucket_for_threshold_and_slots() -> None:
     assert bucket_for(600, 1200, 2, 8192, 512) is None  # more slots than the largest bucket
 
 
+def test_uniform_buckets_only_for_batches_that_fill_them() -> None:
+    from bouquet.engine.buckets import uniform_bucket
+
+    # 100 texts of 512 tokens under a 16,384-token budget: steps of 32, 32, 32 and 4, each exact
+    assert bucket_for(32, 16384, 512, 16384, 512, uniform=True) == Bucket(32, 16384, 512, uniform=True)
+    assert bucket_for(4, 2048, 512, 16384, 512, uniform=True) == Bucket(4, 2048, 512, uniform=True)
+    assert bucket_for(32, 16384, 512, 16384, 512) == Bucket(32, 16384, 512)  # the engine's attention has no faster kernel
+    assert bucket_for(5, 2560, 512, 16384, 512, uniform=True) == Bucket(8, 2560, 512)  # 5 slots: not a power of two
+    assert bucket_for(4, 2000, 500, 16384, 512, uniform=True) == Bucket(4, 2048, 512)  # length not a power of two
+    assert bucket_for(4, 1900, 512, 16384, 512, uniform=True) == Bucket(4, 2048, 512)  # unequal lengths
+    assert uniform_bucket(1, 128, 128) is None  # one sequence: its ordinary bucket runs the same kernels
+    assert uniform_bucket(2, 16, 8) is None and uniform_bucket(2, 32, 16) is None  # 32 tokens is no bucket size
+    b = Bucket(32, 16384, 512, uniform=True)
+    assert str(b) == "32:16384:512:uniform" and Bucket.parse(str(b)) == b
+    assert b.example_lengths() == [512] * 32
+    for bad in ("5:2560:512:uniform", "4:2000:500:uniform", "4:4096:512:uniform", "4:2048:512:even"):
+        with pytest.raises(ValueError):
+            Bucket.parse(bad)
+
+
 def test_bucket_parse_rounds_and_validates() -> None:
     assert Bucket.parse("3:100:50") == Bucket(4, 128, 64)
     assert str(Bucket(4, 128, 64)) == "4:128:64"
@@ -96,7 +116,7 @@ def test_pooling_ignores_padding(mode: str) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["--capture-bucket", "2:64"], "must be 'seqs:tokens:max_seqlen'"),
-    (["--capture-bucket", "1:9000:512"], "above --graph-max-tokens 8192"),
+    (["--capture-bucket", "1:17000:512"], "above --graph-max-tokens 16384"),
     (["--graph-max-tokens", "10"], "--graph-max-tokens must be >= 64"),
 ])
 def test_graph_options_on_the_command_line_are_checked(args: list[str], message: str) -> None:

@@ -143,7 +143,8 @@ def _tokenizer() -> Path:
         return p
 
 
-@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny", "qwen2-tiny", "gemma3-tiny", "modernbert-tiny"])
+@pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny", "qwen3-tiny-d64", "bge-tiny", "qwen2-tiny", "gemma3-tiny",
+                                   "modernbert-tiny"])
 def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) -> None:
     from dataclasses import replace
 
@@ -163,14 +164,23 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
     if shape == "modernbert-tiny":  # global, local ±64, local; rotary without norm, GeGLU, bias-free LN
         s = tiny(SHAPES["modernbert-base"], hidden=128, layers=3)
+    # head dims 64: equal lengths run cuDNN, so those batches get uniform buckets (causal and not)
+    if shape == "qwen3-tiny-d64":
+        s = tiny(SHAPES["qwen3-0.6b"], hidden=128, heads=2)
+    if shape == "bge-tiny":
+        s = tiny(SHAPES["bge-base"], hidden=128, heads=2)
     model_dir = make_model_dir(s, tmp_path, _tokenizer())
     eng = Engine(load_spec(str(model_dir)), "cuda", graphs=GraphOptions(debug=True))
+    assert eng.uniform_buckets == (shape in ("qwen3-tiny-d64", "bge-tiny"))  # head dim 32: Triton for equal lengths too
     rng = np.random.default_rng(0)
     seen = set()
     replays = 0
-    for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20))):
+    for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20)), [64] * 4,
+                    [128] * 8, [512] * 2, [16] * 4):
         batch = Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
-        bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, 8192, 512)
+        bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, 16384, 512, eng.uniform_buckets)
+        assert bucket is not None and bucket.uniform == (eng.uniform_buckets and lengths in ([64] * 4, [128] * 8, [512] * 2,
+                                                                                           [16] * 4))
         assert eng.replays(batch) == (bucket in seen)  # only captured buckets are cheap steps
         replays += 3 if bucket in seen else 2  # a new bucket: eager, then capture + replay, replay
         seen.add(bucket)

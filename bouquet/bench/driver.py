@@ -25,7 +25,8 @@ from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerPr
 
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5")  # bench/README.md
-SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "grpc", "http", "http-fp8", "http-noop", "openai", "transformers")
+SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "grpc", "http", "http-fp8", "http-graph8192",
+           "http-noop", "openai", "transformers")
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,15 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
                             fp8_rowwise=system == "engine-fp8-rowwise")
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
-    if system in ("grpc", "http", "http-noop", "http-fp8"):
+    if system in ("grpc", "http", "http-noop", "http-fp8", "http-graph8192"):
         given = opts.grpc_address if system == "grpc" else opts.http_url if system == "http" else None
         if given is None:  # start our own and watch it while it loads
             servers.append(ServerProcess("grpc" if system == "grpc" else "http", model_dir, opts.device,
                                          gateway_workers=opts.gateway_workers, replicas_per_gpu=opts.replicas_per_gpu,
                                          engine="noop" if system == "http-noop" else "torch",
-                                         quantization="fp8" if system == "http-fp8" else "none"))
+                                         quantization="fp8" if system == "http-fp8" else "none",
+                                         # the graph limit before it became the step budget: its baseline
+                                         serve_args=("--graph-max-tokens", "8192") if system == "http-graph8192" else ()))
         address = given or servers[-1].address
         remote: GrpcTarget | HttpTarget = (GrpcTarget(address) if system == "grpc" else
                                            HttpTarget(address, name="bouquet-" + system))

@@ -251,7 +251,7 @@ class ServerProcess:
 
     def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None,
                  gateway_workers: int = 1, engine: str = "torch", replicas_per_gpu: int = 1,
-                 quantization: str = "none") -> None:
+                 quantization: str = "none", serve_args: tuple[str, ...] = ()) -> None:
         from bouquet.config import ServeConfig
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
@@ -280,7 +280,8 @@ class ServerProcess:
             cmd = [sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--device", device,
                    "--port", str(port), "--log-level", "warning", "--gateway-workers", str(gateway_workers),
                    "--engine", engine, "--replicas-per-gpu", str(replicas_per_gpu), "--quantization", quantization,
-                   "--max-request-bytes", str(256 * 1024 * 1024)]  # benchmark 3 sends 100 × 4,096 ids as JSON
+                   "--max-request-bytes", str(256 * 1024 * 1024),  # benchmark 3 sends 100 × 4,096 ids as JSON
+                   *serve_args]
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
             self.address = f"http://127.0.0.1:{port}"
 

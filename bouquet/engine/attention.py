@@ -180,6 +180,11 @@ class VarlenBackend(AttentionBackend):
         return self._fn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, window_size=size)
 
 
+    def uniform_kernel(self, head_dim: int) -> bool:
+        """Whether batches of equal lengths (two or more sequences) run another kernel than ragged
+        ones here (cuDNN): then CUDA graphs capture uniform buckets for them (buckets.uniform_bucket)."""
+        return not (self.triton_takes(head_dim) and head_dim in TRITON_UNIFORM_HEAD_DIMS)
+
     @staticmethod
     def _uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -56,25 +56,39 @@ def round_max_seqlen(n: int, tokens: int) -> int:
 
 @dataclass(frozen=True, order=True)
 class Bucket:
-    """Static shape of one graph: ``seqs`` slots, ``tokens`` rows, attention bound ``max_seqlen``."""
+    """Static shape of one graph: ``seqs`` slots, ``tokens`` rows, attention bound ``max_seqlen``.
+
+    ``uniform``: every slot holds one sequence of exactly ``max_seqlen`` tokens (tokens = seqs ·
+    max_seqlen, no padding), so attention can run on the dense [seqs, max_seqlen] layout (cuDNN),
+    as eager steps of equal lengths do (``bucket_for``)."""
 
     seqs: int
     tokens: int
     max_seqlen: int
+    uniform: bool = False
 
     def __str__(self) -> str:
-        return f"{self.seqs}:{self.tokens}:{self.max_seqlen}"
+        return f"{self.seqs}:{self.tokens}:{self.max_seqlen}" + (":uniform" if self.uniform else "")
 
     @staticmethod
     def parse(text: str) -> "Bucket":
-        """'seqs:tokens:max_seqlen' → Bucket, rounded to valid bucket sizes.
+        """'seqs:tokens:max_seqlen' → Bucket, rounded to valid bucket sizes; a fourth field
+        ``uniform`` names a uniform bucket (``str`` of one; it must be one exactly).
 
         Raises ValueError naming the text when it is malformed or out of range.
         """
+        fields = text.split(":")
+        uniform = len(fields) == 4 and fields[3] == "uniform"
         try:
-            s, t, m = (int(x) for x in text.split(":"))
+            s, t, m = (int(x) for x in (fields[:3] if uniform else fields))
         except ValueError:
             raise ValueError(f"bucket {text!r} must be 'seqs:tokens:max_seqlen' (three integers)") from None
+        if uniform:
+            u = uniform_bucket(s, t, m)
+            if u is None:
+                raise ValueError(f"bucket {text!r}: a uniform bucket needs seqs and max_seqlen powers of two "
+                                 f"(max_seqlen >= {MIN_MAX_SEQLEN}) and tokens = seqs x max_seqlen")
+            return u
         if not (1 <= s <= t and 1 <= m <= t):
             raise ValueError(f"bucket {text!r} needs 1 <= seqs <= tokens and 1 <= max_seqlen <= tokens")
         tokens = round_tokens(t)
@@ -82,19 +96,44 @@ class Bucket:
 
     def example_lengths(self) -> list[int]:
         """Sequence lengths of a batch that fits this bucket exactly: one long sequence, the rest
-        of length 1 (used to capture a bucket before any real batch has been seen)."""
+        of length 1 (used to capture a bucket before any real batch has been seen); a uniform
+        bucket's: ``seqs`` sequences of ``max_seqlen``."""
+        if self.uniform:
+            return [self.max_seqlen] * self.seqs
         first = min(self.max_seqlen, self.tokens - (self.seqs - 1))
         return [max(first, 1)] + [1] * (self.seqs - 1)
 
 
-def bucket_for(num_seqs: int, num_tokens: int, max_seqlen: int, graph_max_tokens: int, max_seqs: int) -> Bucket | None:
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def uniform_bucket(num_seqs: int, num_tokens: int, max_seqlen: int) -> Bucket | None:
+    """The uniform bucket of a batch of ``num_seqs`` ≥ 2 sequences of ``max_seqlen`` tokens each,
+    when it fills one exactly: seqs and length powers of two (length >= MIN_MAX_SEQLEN) and a
+    token count that is already a bucket size. Else None (one sequence alone runs the same kernels
+    in its ordinary bucket). Powers of two keep the number of such graphs
+    small, and they are what a token budget of a power of two cuts equal lengths into (16,384
+    tokens of 512-token texts: steps of 32; a remainder of 4)."""
+    if num_seqs < 2 or num_tokens != num_seqs * max_seqlen or not (_pow2(num_seqs) and _pow2(max_seqlen)):
+        return None
+    if max_seqlen < MIN_MAX_SEQLEN or round_tokens(num_tokens) != num_tokens:
+        return None
+    return Bucket(num_seqs, num_tokens, max_seqlen, uniform=True)
+
+
+def bucket_for(num_seqs: int, num_tokens: int, max_seqlen: int, graph_max_tokens: int, max_seqs: int,
+               uniform: bool = False) -> Bucket | None:
     """The bucket a batch runs in, or None when it runs eagerly (more tokens than
-    ``graph_max_tokens`` after rounding, or more sequence slots than ``max_seqs``)."""
+    ``graph_max_tokens`` after rounding, or more sequence slots than ``max_seqs``). With
+    ``uniform`` (the engine's attention has a faster kernel for equal lengths), the uniform bucket
+    when the batch fills one exactly (``uniform_bucket``); else the rounded one."""
     tokens = round_tokens(num_tokens)
     seqs = round_seqs(num_seqs)
     if tokens > graph_max_tokens or seqs > max_seqs:
         return None
-    return Bucket(seqs, tokens, round_max_seqlen(max_seqlen, tokens))
+    u = uniform_bucket(num_seqs, num_tokens, max_seqlen) if uniform else None
+    return u or Bucket(seqs, tokens, round_max_seqlen(max_seqlen, tokens))
 
 
 class LazyCapture(Generic[G]):

@@ -37,8 +37,9 @@ from bouquet.engine.buckets import Bucket, LazyCapture
 
 log = logging.getLogger(__name__)
 
-# forward(ids, pos, types, seg, cu, max_seqlen) → [S, out_dim] float32; shapes [T], [S+1] int32
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor, int], torch.Tensor]
+# forward(ids, pos, types, seg, cu, max_seqlen, uniform) → [S, out_dim] float32; shapes [T], [S+1] int32
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor, torch.Tensor, int, bool],
+                     torch.Tensor]
 
 
 def packed_size(tokens: int, seqs: int) -> int:
@@ -110,7 +111,7 @@ class GraphManager:
 
     def _run_forward(self, bucket: Bucket) -> torch.Tensor:
         ids, pos, tt, seg, cu = input_views(self.buf, bucket.tokens, bucket.seqs)
-        return self.forward(ids, pos, tt if self.use_types else None, seg, cu, bucket.max_seqlen)
+        return self.forward(ids, pos, tt if self.use_types else None, seg, cu, bucket.max_seqlen, bucket.uniform)
 
     def _capture(self, bucket: Bucket) -> _Graph:
         # One run on a side stream first: lazy library state (cuBLAS workspaces, autotuning)
