@@ -39,7 +39,9 @@ def test_uniform_buckets_only_for_batches_that_fill_them() -> None:
     assert bucket_for(32, 16384, 512, 16384, 512, uniform=True) == Bucket(32, 16384, 512, uniform=True)
     assert bucket_for(4, 2048, 512, 16384, 512, uniform=True) == Bucket(4, 2048, 512, uniform=True)
     assert bucket_for(32, 16384, 512, 16384, 512) == Bucket(32, 16384, 512)  # the engine's attention has no faster kernel
-    assert bucket_for(5, 2560, 512, 16384, 512, uniform=True) == Bucket(8, 2560, 512)  # 5 slots: not a power of two
+    assert bucket_for(5, 2560, 512, 16384, 512, uniform=True) == Bucket(5, 2560, 512, uniform=True)  # 5 slots exactly
+    assert bucket_for(5, 2560, 512, 16384, 512) == Bucket(8, 2560, 512)
+    assert bucket_for(3, 48, 16, 16384, 512, uniform=True) == Bucket(4, 64, 16)  # 48 tokens is no bucket size
     assert bucket_for(4, 2000, 500, 16384, 512, uniform=True) == Bucket(4, 2048, 512)  # length not a power of two
     assert bucket_for(4, 1900, 512, 16384, 512, uniform=True) == Bucket(4, 2048, 512)  # unequal lengths
     assert uniform_bucket(1, 128, 128) is None  # one sequence: its ordinary bucket runs the same kernels
@@ -47,7 +49,8 @@ def test_uniform_buckets_only_for_batches_that_fill_them() -> None:
     b = Bucket(32, 16384, 512, uniform=True)
     assert str(b) == "32:16384:512:uniform" and Bucket.parse(str(b)) == b
     assert b.example_lengths() == [512] * 32
-    for bad in ("5:2560:512:uniform", "4:2000:500:uniform", "4:4096:512:uniform", "4:2048:512:even"):
+    assert Bucket.parse("5:2560:512:uniform") == Bucket(5, 2560, 512, uniform=True)
+    for bad in ("1:512:512:uniform", "4:2000:500:uniform", "4:4096:512:uniform", "3:48:16:uniform", "4:2048:512:even"):
         with pytest.raises(ValueError):
             Bucket.parse(bad)
 

@@ -175,12 +175,11 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     rng = np.random.default_rng(0)
     seen = set()
     replays = 0
-    for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20)), [64] * 4,
-                    [128] * 8, [512] * 2, [16] * 4):
+    uniform = ([64] * 4, [128] * 8, [512] * 2, [16] * 4, [512] * 5, [64] * 3)  # equal lengths filling a bucket
+    for lengths in ([1], [7], [128], [5, 5, 5], [300, 17, 64, 1], list(rng.integers(1, 257, size=20)), *uniform):
         batch = Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
         bucket = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, 16384, 512, eng.uniform_buckets)
-        assert bucket is not None and bucket.uniform == (eng.uniform_buckets and lengths in ([64] * 4, [128] * 8, [512] * 2,
-                                                                                           [16] * 4))
+        assert bucket is not None and bucket.uniform == (eng.uniform_buckets and lengths in uniform)
         assert eng.replays(batch) == (bucket in seen)  # only captured buckets are cheap steps
         replays += 3 if bucket in seen else 2  # a new bucket: eager, then capture + replay, replay
         seen.add(bucket)

@@ -86,8 +86,8 @@ class Bucket:
         if uniform:
             u = uniform_bucket(s, t, m)
             if u is None:
-                raise ValueError(f"bucket {text!r}: a uniform bucket needs seqs and max_seqlen powers of two "
-                                 f"(max_seqlen >= {MIN_MAX_SEQLEN}) and tokens = seqs x max_seqlen")
+                raise ValueError(f"bucket {text!r}: a uniform bucket needs seqs >= 2, max_seqlen a power of two "
+                                 f"(>= {MIN_MAX_SEQLEN}) and tokens = seqs x max_seqlen, a bucket size")
             return u
         if not (1 <= s <= t and 1 <= m <= t):
             raise ValueError(f"bucket {text!r} needs 1 <= seqs <= tokens and 1 <= max_seqlen <= tokens")
@@ -110,12 +110,12 @@ def _pow2(n: int) -> bool:
 
 def uniform_bucket(num_seqs: int, num_tokens: int, max_seqlen: int) -> Bucket | None:
     """The uniform bucket of a batch of ``num_seqs`` ≥ 2 sequences of ``max_seqlen`` tokens each,
-    when it fills one exactly: seqs and length powers of two (length >= MIN_MAX_SEQLEN) and a
-    token count that is already a bucket size. Else None (one sequence alone runs the same kernels
-    in its ordinary bucket). Powers of two keep the number of such graphs
-    small, and they are what a token budget of a power of two cuts equal lengths into (16,384
-    tokens of 512-token texts: steps of 32; a remainder of 4)."""
-    if num_seqs < 2 or num_tokens != num_seqs * max_seqlen or not (_pow2(num_seqs) and _pow2(max_seqlen)):
+    when it fills one exactly: a length that is a power of two (≥ MIN_MAX_SEQLEN) and a token count
+    that is already a bucket size; the slots are ``num_seqs`` exactly (a reranker's 25 pairs of 512
+    tokens: 25 slots, not 32 with 7 empty). Else None (one sequence alone runs the same kernels in
+    its ordinary bucket). Lengths of powers of two keep the number of such graphs small: they are
+    what truncation to a model's maximum length gives."""
+    if num_seqs < 2 or num_tokens != num_seqs * max_seqlen or not _pow2(max_seqlen):
         return None
     if max_seqlen < MIN_MAX_SEQLEN or round_tokens(num_tokens) != num_tokens:
         return None
