@@ -60,7 +60,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
         _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
     "quantization": (str, "quantization", typer.Option(
         _default("quantization"), help="none | fp8: matmuls in fp8 e4m3 (weights per channel, activations per token) on every batch: "
-        "decoders' MLP, encoders' q/k/v (and MLP where the accuracy check allows); refused when it moves the "
+        "decoders' MLP, encoders' q/k/v; refused when it moves the "
         "model's outputs (docs/quantization.md).")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
         _default("max_batch_tokens"),

@@ -177,8 +177,8 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
             # FP8_MIN_TOKENS): the bf16 engine's rows (to float32 rounding)
             np.testing.assert_allclose(want, bf16, atol=1e-6, rtol=1e-6)
     assert eng.graph_captures == 3
-    deferred = {p.kind for p in projections(eng.model) if p.fp8 is not None and p.deferred}
-    assert deferred == {"up", "down"}  # the MLP; an encoder's qkv feeds attention (row-wise GEMM)
+    deferred = [p for p in projections(eng.model) if p.fp8 is not None and p.deferred]
+    assert bool(deferred) == (shape == "qwen3-tiny")  # the decoder's MLP; MiniLM's qkv feeds attention
 
 
 def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -> None:

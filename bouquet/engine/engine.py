@@ -30,7 +30,7 @@ from bouquet.engine.fp8_checkpoint import split_fp8_checkpoint
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
-from bouquet.engine.quant import enable_fp8, fallback_kinds, keep_fp8, output_cosines, projections, set_fp8_min_tokens
+from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
@@ -169,11 +169,9 @@ class Engine:
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32
-        random-token sequences of 8–128 tokens, fixed seed) in fp8 against bf16. Below
-        ``min_cosine`` (FP8_MIN_COSINE; benchmarks pass 0 to time any model) the layers fall back
-        to their smaller set of fp8 matmuls when they have one (``FP8_FALLBACK_KINDS``) and are
-        checked again; still below it, refused with ValueError, so fp8 never serves vectors far
-        from the model's own."""
+        random-token sequences of 8–128 tokens, fixed seed) in fp8 against bf16: refused with
+        ValueError below ``min_cosine`` (FP8_MIN_COSINE; benchmarks pass 0 to time any model), so
+        fp8 never serves vectors far from the model's own."""
         n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS, stored=self.stored_fp8)
         rng = np.random.default_rng(0)
         top = min(128, self.spec.max_seq_length)
@@ -181,18 +179,12 @@ class Engine:
                              int(rng.integers(min(8, top), top + 1))).astype(np.int32) for _ in range(32)]
         batch = Batch.pack(seqs)
         with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            set_fp8_min_tokens(self.model, 0)
+            fp8 = self.forward(batch)
             set_fp8_min_tokens(self.model, None)
             ref = self.forward(batch)
             set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
-            cos = output_cosines(self.forward(batch), ref)
-            fallback = fallback_kinds(self.model)
-            if fallback is not None and not (np.isfinite(cos).all() and cos.min() >= min_cosine):
-                first = "+".join(dict.fromkeys(p.kind for p in projections(self.model) if p.fp8 is not None))
-                keep_fp8(self.model, fallback)
-                n = sum(p.fp8 is not None for p in projections(self.model))
-                log.info("quantization: fp8 for %s reached probe cosine %.5f (the bar is %s); trying %s alone",
-                         first, cos.min(), min_cosine, "+".join(fallback))
-                cos = output_cosines(self.forward(batch), ref)
+        cos = output_cosines(fp8, ref)
         chosen = [p for p in projections(self.model) if p.fp8 is not None]
         kinds = {p.kind: p for p in chosen}  # one projection per kind: the same settings in every layer
         how = ", ".join(f"{k}: {'scales applied by the next kernel' if p.deferred else 'row-wise scaled GEMM'}"

@@ -162,23 +162,6 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
     return len(chosen)
 
 
-def fallback_kinds(model: nn.Module) -> tuple[str, ...] | None:
-    """The smaller set of fp8 matmuls the model's layers fall back to when their default set
-    misses the load check's accuracy bar (a layer class's ``FP8_FALLBACK_KINDS``), or None."""
-    for m in model.modules():
-        if callable(getattr(m, "projections", None)) and getattr(m, "FP8_FALLBACK_KINDS", None):
-            return tuple(m.FP8_FALLBACK_KINDS)
-    return None
-
-
-def keep_fp8(model: nn.Module, kinds: tuple[str, ...]) -> None:
-    """Return every quantized Projection whose kind is not in ``kinds`` to the model dtype (its
-    fp8 weights are freed)."""
-    for p in projections(model):
-        if p.fp8 is not None and p.kind not in kinds:
-            p.fp8, p.fp8_stored, p.fp8_min_tokens, p._one = None, False, None, None
-
-
 def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None, kinds: tuple[str, ...] = KINDS) -> None:
     """Move the fp8 threshold of the quantized Projections of these kinds (None: never fp8); for
     the load check and the probes."""
