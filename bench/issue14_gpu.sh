@@ -9,7 +9,8 @@
 #   prof   bench/probes/profile_gpu.py --variants fused: kernels per batch-1 replay, top kernels;
 #   probe  bench/probes/issue14_probe.py --parts tattn step (attention tiles, mixed-step kernel split);
 #   aq     bench/probes/act_quant_probe.py: the activation + fp8 cast kernel now vs at 1bc3035;
-#   host   bench/probes/host_step_probe.py: eager launch time vs GPU time of 16k-token steps, graphs to 16,384.
+#   host   bench/probes/host_step_probe.py: eager launch time vs GPU time of 16k-token steps, graphs to 16,384;
+#   blas   bench/probes/blas_probe.py: cuBLAS vs cuBLASLt for the bf16 linears at small M, and batch-1 replays.
 # TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
 # accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
@@ -72,6 +73,11 @@ fi
 if has host; then
   timeout 420 python3 bench/probes/host_step_probe.py "$R/host.json" --models-root $M ${HOST_SHAPES:+--shapes $HOST_SHAPES} > "$R/host.log" 2>&1
   grep -v "^ " "$R/host.log" | tail -n 30
+  bundle
+fi
+if has blas; then
+  timeout 300 python3 bench/probes/blas_probe.py "$R/blas.json" --models-root $M > "$R/blas.log" 2>&1
+  tail -n 40 "$R/blas.log"
   bundle
 fi
 bundle
