@@ -145,7 +145,8 @@ def reserve_cores_for_engine(reserved: int = 2) -> None:
 def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, max_batch_seqs: int,
                      quantization: str = "none") -> Any:
     """The engine a job runs on. On CUDA every batch up to the job's token budget is a CUDA-graph
-    replay (the server's default stops at 8,192 tokens): a job's batches are all near the budget,
+    replay (so is the server's by default, whose budget and graph limit are both 16,384 tokens,
+    but a job's budget may be larger): a job's batches are all near the budget,
     so a few buckets cover them, and a replay costs the launching thread microseconds instead of
     the ~100 kernel launches of an eager step, while tokenization keeps every other core busy."""
     from bouquet.engine.engine import Engine, GraphOptions, resolve_device
