@@ -55,6 +55,30 @@ def test_uniform_buckets_only_for_batches_that_fill_them() -> None:
             Bucket.parse(bad)
 
 
+def test_uniform_buckets_use_exact_slots_under_the_slot_limit_and_at_startup() -> None:
+    from bouquet.engine.buckets import startup_buckets
+
+    # 100 slots exactly fit --max-batch-seqs 100, where rounding up to 128 would not
+    assert bucket_for(100, 12800, 128, 16384, 100, uniform=True) == Bucket(100, 12800, 128, uniform=True)
+    assert bucket_for(100, 12800, 100 + 28, 16384, 100) is None
+    # a start-up capture of equal lengths also captures the uniform bucket such batches look up
+    assert startup_buckets("32:16384:512", True) == [Bucket(32, 16384, 512), Bucket(32, 16384, 512, uniform=True)]
+    assert startup_buckets("32:16384:512", False) == [Bucket(32, 16384, 512)]
+    assert startup_buckets("3:100:50", True) == [Bucket(4, 128, 64)]
+    assert startup_buckets("5:2560:512:uniform", True) == [Bucket(5, 2560, 512, uniform=True)]
+    assert startup_buckets("5:2560:512:uniform", False) == [Bucket(8, 2560, 512)]  # what its batches run in there
+
+
+def test_row_parts_cover_a_row_with_at_most_three_tiles() -> None:
+    from bouquet.engine.ops import row_parts
+
+    for n in range(1, 16385):
+        parts = [p for p in row_parts(n) if p]
+        assert all(p & (p - 1) == 0 for p in parts) and list(parts) == sorted(parts, reverse=True), n
+        assert sum(parts) == n or (len(parts) == 1 and n <= parts[0] < 2 * n), (n, parts)
+    assert row_parts(3072) == (2048, 1024, 0) and row_parts(9728) == (8192, 1024, 512) and row_parts(100) == (128, 0, 0)
+
+
 def test_bucket_parse_rounds_and_validates() -> None:
     assert Bucket.parse("3:100:50") == Bucket(4, 128, 64)
     assert str(Bucket(4, 128, 64)) == "4:128:64"

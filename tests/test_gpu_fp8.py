@@ -58,6 +58,11 @@ def test_activation_kernels_write_the_reference_fp8_rows(T: int) -> None:
     _same_fp8(quantize_rows(x), x)
     _same_fp8(act_quant(x, "gelu"), torch.nn.functional.gelu(x))
     _same_fp8(act_quant(x, "relu"), torch.relu(x))
+    for n in (3584, 896, 100):  # tiles 2,048 + 1,024 + 512; 512 + 256 + 128; one tile of 128, masked past 100
+        g2 = torch.randn(T, 2 * n, device="cuda", dtype=torch.bfloat16) * 3
+        y = g2[:, :n].contiguous()
+        _same_fp8(act_quant(y, "gelu"), torch.nn.functional.gelu(y))
+        _same_fp8(silu_mul(g2, fp8=True), silu_mul(g2))
 
 
 def test_fp8_gemm_equals_the_dequantized_matmul() -> None:

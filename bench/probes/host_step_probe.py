@@ -15,7 +15,10 @@ tokens (32 × 512, and mixed 16–512 lengths packed to the budget) this records
     graph vs eager;
   * pipelined throughput (``jobs.packer.run_pipelined``, budget 16,384, depth 2) over 2,000 mixed
     and 500 × 512 sequences, eager above 8,192 tokens (today) against graphs up to 16,384,
-    alternating A/B/A/B in one process, emb/s and the SM clock sampled in each pass;
+    alternating A/B/A/B in one process, emb/s and the SM clock sampled in each pass (the baseline
+    engine is built with ``GraphOptions(max_tokens=8192)``; before that was explicit it took the
+    default, 16,384 from 5d54303 on, so call 3 of h200-2026-12-01c compared graphs with graphs in
+    these rows and in ``eager_steps_b2b_ms``);
   * a cProfile of 20 eager forwards (where the host time goes).
 """
 from __future__ import annotations
@@ -113,7 +116,8 @@ def probe_shape(name: str, fp8: bool, root: Path) -> dict:
 
     spec = load_spec(str(make_model_dir(SHAPES[name], root)))
     q = "fp8" if fp8 else "none"
-    eager = Engine(spec, "cuda", "bfloat16", quantization=q, fp8_min_cosine=0.0)
+    eager = Engine(spec, "cuda", "bfloat16", quantization=q, fp8_min_cosine=0.0,
+                   graphs=GraphOptions(max_tokens=8192))  # the limit before 5d54303: 16k-token steps eager
     eager.warmup()
     big = Engine(spec, "cuda", "bfloat16", quantization=q, fp8_min_cosine=0.0,
                  graphs=GraphOptions(max_tokens=16384))

@@ -129,11 +129,30 @@ def bucket_for(num_seqs: int, num_tokens: int, max_seqlen: int, graph_max_tokens
     ``uniform`` (the engine's attention has a faster kernel for equal lengths), the uniform bucket
     when the batch fills one exactly (``uniform_bucket``); else the rounded one."""
     tokens = round_tokens(num_tokens)
-    seqs = round_seqs(num_seqs)
-    if tokens > graph_max_tokens or seqs > max_seqs:
+    if tokens > graph_max_tokens:
         return None
     u = uniform_bucket(num_seqs, num_tokens, max_seqlen) if uniform else None
-    return u or Bucket(seqs, tokens, round_max_seqlen(max_seqlen, tokens))
+    if u is not None and u.seqs <= max_seqs:  # exact slots: no rounding up to the next power of two
+        return u
+    seqs = round_seqs(num_seqs)
+    if seqs > max_seqs:
+        return None
+    return Bucket(seqs, tokens, round_max_seqlen(max_seqlen, tokens))
+
+
+def startup_buckets(text: str, uniform: bool) -> list[Bucket]:
+    """The buckets to capture at start-up for a ``--capture-bucket`` text (or a saved histogram's
+    entry) on an engine that takes uniform buckets (``uniform``) or not: the rounded bucket, plus
+    the uniform one when the text's exact numbers are equal lengths filling one (a batch of that
+    shape looks the uniform one up: '32:16384:512' gives both). A ':uniform' text on an engine
+    without uniform buckets becomes the rounded bucket its batches run in. Raises ValueError as
+    ``Bucket.parse``."""
+    b = Bucket.parse(text)
+    s, t, m = (int(x) for x in text.split(":")[:3])
+    if b.uniform:
+        return [b] if uniform else [Bucket(round_seqs(s), round_tokens(t), round_max_seqlen(m, round_tokens(t)))]
+    u = uniform_bucket(s, t, m) if uniform else None
+    return [b] if u is None else [b, u]
 
 
 class LazyCapture(Generic[G]):

@@ -24,7 +24,7 @@ import torch
 from bouquet.config import FP8_MIN_COSINE, FP8_MIN_TOKENS, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
 from bouquet.engine.attention import AttentionBackend, VarlenBackend, select_backend
 from bouquet.engine.batch import Batch
-from bouquet.engine.buckets import Bucket, bucket_for, load_hot
+from bouquet.engine.buckets import bucket_for, load_hot, startup_buckets
 from bouquet.engine.contract import EngineInfo
 from bouquet.engine.fp8_checkpoint import split_fp8_checkpoint
 from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
@@ -316,9 +316,8 @@ class Engine:
         if self.graphs is None:
             return
         o = self.graph_options
-        wanted = [Bucket.parse(b) for b in o.capture]
-        if o.stats_path:
-            wanted += [b for b in load_hot(o.stats_path) if b not in wanted]
+        texts = list(o.capture) + ([str(b) for b in load_hot(o.stats_path)] if o.stats_path else [])
+        wanted = list(dict.fromkeys(b for t in texts for b in startup_buckets(t, self.uniform_buckets)))
         if wanted:
             with torch.inference_mode():
                 self.graphs.precapture(wanted)
