@@ -2,8 +2,9 @@
 
     python3 bench/probes/act_quant_probe.py OUT.json
 
-Times ``ops.act_quant`` (the kernel as it is now) against the kernel of commit 1bc3035 (kept below
-verbatim: one power-of-two tile per row, libdevice erf) on the rows the engine feeds it: Qwen3-0.6B's
+Times ``ops.act_quant`` (the kernel as it is now) against the kernel of commit 1bc3035 (its body
+kept below, with the helpers it called, which kernels.py still has: one power-of-two tile per row,
+libdevice erf) on the rows the engine feeds it: Qwen3-0.6B's
 gate|up GEMM output (deferred scales, [T, 2 × 3072]) and bge-base's up GEMM output (deferred
 scales and bias, [T, 3072], erf-GELU), at T = 128, 2,560 and 16,384; GB/s counts bytes read and
 written once. Also checks the two agree (fraction of fp8 values that differ, max scale difference),
@@ -25,30 +26,8 @@ sys.path.insert(0, str(REPO))
 from bench.probes.probe_kernels import gpu_ms  # noqa: E402
 
 
-@triton.jit
-def _unscale(x, rs_ptr, cs_ptr, b_ptr, row, cols, mask, HAS_BIAS: tl.constexpr):
-    y = x * tl.load(rs_ptr + row) * tl.load(cs_ptr + cols, mask=mask, other=0.0)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return y
-
-
-@triton.jit
-def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
-    tl.store(scale_ptr + row, scale)
-    tl.store(q_ptr + row * n_cols + cols, tl.clamp(y / scale, -448.0, 448.0).to(q_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _act(g, ACT: tl.constexpr):
-    if ACT == 1:
-        a = g / (1.0 + tl.exp(-g))
-    elif ACT == 3:
-        a = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
-    else:
-        a = g
-    return a
+# the helpers the kernel of 1bc3035 called are unchanged in kernels.py (the bf16 path's exact _act too)
+from bouquet.engine.kernels import _act, _store_fp8, _unscale  # noqa: E402
 
 
 @triton.jit
