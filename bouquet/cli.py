@@ -75,7 +75,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "graph_max_tokens": (int, "graph_max_tokens", typer.Option(
         _default("graph_max_tokens"), help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")),
     "capture_bucket": (list[str], "capture_buckets", typer.Option(
-        [], metavar="SEQS:TOKENS:MAX_SEQLEN", help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
+        [], metavar="SEQS:TOKENS:MAX_SEQLEN[:uniform]", help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
         "instead of on its second use; equal lengths that fill it (e.g. 32:16384:512) also capture its uniform bucket "
         "('...:uniform', cuDNN attention).")),
     "bucket_stats": (Optional[str], "bucket_stats_path", typer.Option(

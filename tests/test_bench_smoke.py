@@ -37,6 +37,17 @@ def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "bench-minilm-tiny.png").stat().st_size > 1000
 
 
+def test_bench_results_without_matplotlib_skip_only_the_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib is in the ``bench`` extra, not in the serving install: the numbers still land."""
+    from bouquet.bench.report import write_all
+
+    results = {"meta": {"matmul_tflops": 1.0, "settings": {}}, "models": {"m": {"rows": [], "checks": {}, "errors": {}}}}
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
+    files = write_all(results, tmp_path)
+    assert [f.name for f in files] == ["results.json", "results.md"] and (tmp_path / "results.md").exists()
+    assert not list(tmp_path.glob("*.png"))
+
+
 def test_bench_http_text_path_smoke(tmp_path: Path) -> None:
     """The HTTP system (`bouquet serve` started by the bench, keep-alive http.client + orjson
     client): ids checked against transformers, benchmark 3 over HTTP, benchmark 4 with text."""

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 def titles(settings: dict[str, Any]) -> dict[str, str]:
     """Each benchmark's heading, with the sizes this run used (``meta["settings"]``; the defaults
@@ -117,8 +120,14 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
 
 
 def write_all(results: dict[str, Any], out: Path) -> list[Path]:
-    """results.json, results.md and the plots under ``out``; returns the paths."""
+    """results.json, results.md and the plots under ``out``; returns the paths. Without matplotlib
+    (the ``bench`` extra) the plots are skipped with a warning: the numbers are all in the files."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(markdown(results))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log.warning("bench: plots skipped, matplotlib is not installed (pip install 'bouquet[bench]')")
+        return [out / "results.json", out / "results.md"]
     return [out / "results.json", out / "results.md", *plot(results, out)]

@@ -82,7 +82,8 @@ class Bucket:
         try:
             s, t, m = (int(x) for x in (fields[:3] if uniform else fields))
         except ValueError:
-            raise ValueError(f"bucket {text!r} must be 'seqs:tokens:max_seqlen' (three integers)") from None
+            raise ValueError(f"bucket {text!r} must be 'seqs:tokens:max_seqlen' (three integers), "
+                             "optionally followed by ':uniform'") from None
         if uniform:
             u = uniform_bucket(s, t, m)
             if u is None:

@@ -314,6 +314,9 @@ class Engine:
     def start_graphs(self) -> None:
         """Capture the configured buckets and the hot ones of the saved histogram (start-up)."""
         if self.graphs is None:
+            o = self.graph_options
+            if o.capture or o.stats_path:
+                log.info("engine: no CUDA graphs on %s: --capture-bucket and --bucket-stats are ignored", self.device)
             return
         o = self.graph_options
         texts = list(o.capture) + ([str(b) for b in load_hot(o.stats_path)] if o.stats_path else [])
