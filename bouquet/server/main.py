@@ -138,9 +138,11 @@ def main(argv: list[str] | None = None) -> None:
         # the gateway has drained, and the requests still in flight need them until then.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
+    failed = False
     try:
         run_async(serve(cfg, args.port_file, args.device, args.host, args.ipc_path))
     except ValueError as e:  # the user's choices (device, dtype, model, quantization): one line, no traceback
+        failed = True
         if args.port_file:  # the launcher reports it as the command's error (launcher.ReplicaProcess.error)
             with open(args.port_file + ".error", "w") as f:
                 f.write(str(e))
@@ -148,10 +150,36 @@ def main(argv: list[str] | None = None) -> None:
             log.error("server: cannot start: %s", e, exc_info=cfg.log_level.lower() == "debug")
         sys.exit(1)
     finally:
-        if args.port_file and not args.standalone and os.getppid() != parent:
-            # The launcher was killed (SIGKILL; otherwise it removes the folder itself): its
-            # replicas, all stopping now, remove the work folder (port files, sockets) as they go.
-            shutil.rmtree(os.path.dirname(args.port_file), ignore_errors=True)
+        if args.port_file and not args.standalone:
+            remove_work_files(args.port_file, args.ipc_path, launcher_gone=os.getppid() != parent, failed=failed)
+
+
+def remove_work_files(port_file: str, ipc_path: str | None, launcher_gone: bool, failed: bool) -> None:
+    """A launched replica's files in the launcher's work folder, as the replica stops. The launcher
+    removes the folder after its replicas stop, but a launcher killed with SIGKILL cannot: so each
+    replica removes its own port file and socket and then the folder once it is empty (the last
+    replica out), and the whole folder when the launcher is already gone. A failed start keeps its
+    files (the launcher reads ``PORT_FILE.error``) unless nobody is left to read them.
+
+    Why not only when the launcher is gone: ``PR_SET_PDEATHSIG`` stops a replica as the launcher's
+    threads die, and ``getppid()`` can still name the dying launcher then (tests/test_lifecycle.py,
+    SIGKILL with 2 gateway workers, left the folder in about one run in three)."""
+    folder = os.path.dirname(port_file)
+    if launcher_gone:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    if failed:
+        return
+    for path in (port_file, ipc_path):
+        if path:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    try:
+        os.rmdir(folder)
+    except OSError:  # another replica's files are still there, or the launcher removed it first
+        pass
 
 
 def run_async(coro: "asyncio.Future[None] | object") -> None:
