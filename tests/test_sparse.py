@@ -82,13 +82,16 @@ def bouquet_rows(model_dir: Path, texts: list[str]) -> tuple[np.ndarray, list[np
 def check_terms(got: np.ndarray, ref: np.ndarray) -> None:
     """Every nonzero term within 1e-4 relative error; terms within float32's rounding of the
     logits (2e-6 absolute: a logit of 0.001 differs in its last bits between two summation
-    orders) are held to that instead, and terms the reference leaves at zero stay below it."""
+    orders) are held to that instead, and terms the reference leaves at zero stay below it. The
+    relative bar alone holds from 0.05 up: the two sums' orders (packed rows here, padded ones in
+    transformers, and the thread count other tests leave behind) move a logit by up to ~3e-6, which
+    is 1.4e-4 of a 0.02 term (CI, DistilBERT) but 6e-5 of a 0.05 one."""
     nz = ref > 0
     assert nz.sum(axis=1).min() > 0
     assert np.abs(got[~nz]).max(initial=0) <= 2e-6, "a term the reference leaves at zero is nonzero"
     err = np.abs(got[nz] - ref[nz])
     assert (err <= 1e-4 * ref[nz] + 2e-6).all(), (err / ref[nz]).max()
-    big = ref[nz] >= 0.02  # away from the rounding floor: relative error alone
+    big = ref[nz] >= 0.05  # away from the rounding floor: relative error alone
     assert (err[big] / ref[nz][big]).max() <= 1e-4
 
 
