@@ -148,7 +148,7 @@ def probe_shape(name: str, fp8: bool, root: Path) -> dict:
     uni = [rng.integers(1000, vocab, size=512, dtype=np.int32) for _ in range(500)]
     for case, seqs in (("mixed2000", mixed), ("500x512", uni)):
         for e in (eager, big):  # first pass of each also captures
-            throughput(e, seqs, spec.out_dim if hasattr(spec, "out_dim") else eager.out_dim)
+            throughput(e, seqs, eager.out_dim)
         runs: dict[str, list] = {"eager8192": [], "graphs16384": []}
         for _ in range(2):
             for key, e in (("eager8192", eager), ("graphs16384", big)):

@@ -133,13 +133,13 @@ class Engine:
         model.fuse()
         self.model = model
         self.causal = bool(model.causal)
-        cfg = spec.config  # attention's head dim (the decoders' rule; only causal models ask for it)
-        self.head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]) if self.causal else 0
+        cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
+        heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
+        self.head_dim = int(cfg.get("head_dim") or (hidden // heads if heads and hidden else 0))
         # graphs capture uniform buckets (equal lengths filling the bucket) only where such batches
         # run another attention kernel than ragged ones: cuDNN, as eager steps of equal lengths do
-        heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
-        self.uniform_buckets = isinstance(self.attn, VarlenBackend) and bool(heads and hidden) \
-            and self.attn.uniform_kernel(int(cfg.get("head_dim") or hidden // heads))
+        self.uniform_buckets = isinstance(self.attn, VarlenBackend) and self.head_dim > 0 \
+            and self.attn.uniform_kernel(self.head_dim)
         self.pool = pooler(spec.pooling)  # chosen once: the same function on every step
         self.st_head = build_head(spec.head_steps, self.device)  # sentence-transformers Dense layers
         # per-token outputs (step_tokens): bge-m3's sparse and ColBERT heads when the folder has them

@@ -84,7 +84,8 @@ def row_parts(n: int) -> tuple[int, int, int]:
     bits = [1 << i for i in reversed(range(n.bit_length())) if n >> i & 1]
     if len(bits) > 3 or (len(bits) > 1 and bits[-1] < 128):
         bits = [1 << (n - 1).bit_length()]
-    return (bits + [0, 0])[0], (bits + [0, 0])[1], (bits + [0, 0])[2]
+    a, b, c = bits + [0] * (3 - len(bits))
+    return a, b, c
 
 
 def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool = False) -> QRows:
