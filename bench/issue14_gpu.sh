@@ -11,6 +11,7 @@
 #   aq     bench/probes/act_quant_probe.py: the activation + fp8 cast kernel now vs at 1bc3035;
 #   host   bench/probes/host_step_probe.py: eager launch time vs GPU time of 16k-token steps, graphs to 16,384;
 #   blas   bench/probes/blas_probe.py: cuBLAS vs cuBLASLt for the bf16 linears at small M, and batch-1 replays.
+#   splitk bench/probes/splitk_probe.py: split-K Triton GEMM vs cuBLAS at batch 1 (plans, with the norm reader, engines); SPLITK_ARGS.
 # TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
 # accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
@@ -81,3 +82,8 @@ if has blas; then
   bundle
 fi
 bundle
+if has splitk; then
+  timeout 400 python3 bench/probes/splitk_probe.py "$R/splitk.json" --models-root $M ${SPLITK_ARGS:-} > "$R/splitk.log" 2>&1
+  tail -n 60 "$R/splitk.log"
+  bundle
+fi

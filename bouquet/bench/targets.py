@@ -54,23 +54,25 @@ class EngineTarget(Target):
     cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
     attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
     ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
-    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path."""
+    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``split_k=False``:
+    cuBLAS for the hidden-size projections of small steps (splitk.py), the baseline of split-K."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
-                 attention: str | None = None, fp8_rowwise: bool = False) -> None:
+                 attention: str | None = None, fp8_rowwise: bool = False, split_k: bool = True) -> None:
         from bouquet.engine.engine import Engine, GraphOptions
         from bouquet.engine.quant import use_rowwise_scales
         from bouquet.modelspec import load_spec
 
         self.spec = load_spec(str(model_dir))
         self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
-                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0)
+                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0, split_k=split_k)
         if fp8_rowwise:
             use_rowwise_scales(self.engine.model, 1024)
         self.engine.warmup()
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
-            + ("-rowwise" if fp8_rowwise else "") + ("-fa2" if attention == "varlen-flash" else "")
+            + ("-rowwise" if fp8_rowwise else "") + ("-fa2" if attention == "varlen-flash" else "") \
+            + ("" if split_k else "-nosplitk")
         self.tolerance = 0.01 if quantization == "fp8" else 1e-3
         self._lock = threading.Lock()
 

@@ -31,6 +31,7 @@ from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
+from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
@@ -109,7 +110,8 @@ class Engine:
 
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
-                 spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE) -> None:
+                 spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
+                 split_k: bool = True) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -132,6 +134,10 @@ class Engine:
         model = model.to(device=self.device, dtype=self.dtype).eval()
         model.fuse()
         self.model = model
+        # small model-dtype steps on CUDA: the hidden-size projections as split-K GEMMs (splitk.py)
+        self.split_k = split_k and self.device.type == "cuda"
+        for p in projections(model):
+            p.split_k = p.split_k and self.split_k
         self.causal = bool(model.causal)
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
         heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
@@ -166,6 +172,9 @@ class Engine:
                                self.out_dim, time.perf_counter() - t0)
         log.info("engine: %s on %s (%s), %d tensors loaded in %.2fs", spec.architecture, self.device,
                  self.info.dtype, len(self.loaded), self.info.load_seconds)
+        if self.device.type == "cuda":
+            log.info("engine: attention output / MLP down projections of steps up to %d tokens: %s", MAX_SPLITK_TOKENS,
+                     "split-K Triton GEMM (the add + norm kernel sums the parts)" if self.split_k else "cuBLAS")
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32

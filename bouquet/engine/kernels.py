@@ -7,7 +7,8 @@ One program per row (token) everywhere: a row is at most a few thousand values, 
 registers, so every statistic (mean, variance, amax) is a register reduction with no second pass.
 
 ``SCALED`` inputs (ops.ScaledRows): the element loaded is an fp8 GEMM's unit-scale output and
-``_unscale`` turns it into the true value before anything else reads it.
+``_unscale`` turns it into the true value before anything else reads it. ``PARTS`` inputs of the
+add + norm kernels (PartialRows): split-K sums that ``_load_gemm_out`` adds up first.
 """
 import triton
 import triton.language as tl
@@ -25,6 +26,24 @@ def _unscale(x, rs_ptr, cs_ptr, b_ptr, row, cols, mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, mask, part_stride, SCALED: tl.constexpr,
+                   XBIAS: tl.constexpr, PARTS: tl.constexpr):
+    # one row of a GEMM's output as the model-dtype GEMM would have written it, in fp32: plain,
+    # ScaledRows (SCALED) or PartialRows (PARTS > 1 fp32 K-range sums, part_stride apart)
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALED:
+        x = _unscale(x, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
+    if PARTS > 1:
+        for p in tl.static_range(1, PARTS):
+            x += tl.load(x_ptr + p * part_stride + row * n_cols + cols, mask=mask, other=0.0)
+        if XBIAS:
+            x += tl.load(xb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(dt).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
     # per-row e4m3: scale = amax / 448 (masked columns hold 0 and never raise the max)
     scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
@@ -33,15 +52,13 @@ def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
 
 @triton.jit
 def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
-                  HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
-                  XBIAS: tl.constexpr, BLOCK: tl.constexpr):
+                  part_stride, HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr,
+                  SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if SCALED:  # the GEMM output as it would have been written in the model dtype
-        x = _unscale(x, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
+    x = _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, mask, part_stride, SCALED, XBIAS, PARTS)
     x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if KEEP_SUM:  # pre-norm: the rounded sum is the residual stream, and HF normalizes it
         s = x.to(dt)
@@ -59,18 +76,16 @@ def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr
 
 @triton.jit
 def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
-                   HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr, SCALED: tl.constexpr,
-                   XBIAS: tl.constexpr, BLOCK: tl.constexpr):
+                   part_stride, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr,
+                   SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if SCALED:  # the GEMM output as it would have been written in the model dtype
-        x = _unscale(x, rs_ptr, cs_ptr, xb_ptr, row, cols, mask, XBIAS).to(dt).to(tl.float32)
+    x = _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, mask, part_stride, SCALED, XBIAS, PARTS)
     if HAS_RES:
         x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES or SCALED:  # the rounded sum (or true input) is the residual stream, and HF normalizes it
+    if HAS_RES or SCALED or PARTS > 1:  # the rounded sum (or true input) is the residual stream, HF normalizes it
         s = x.to(dt)
         tl.store(sum_ptr + row * n_cols + cols, s, mask=mask)
         x = s.to(tl.float32)
@@ -291,3 +306,27 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
     out = acc / l_i[:, None]
     tl.store(o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
+
+
+@triton.jit
+def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr):
+    # Program (n, m, s): out[s, m-tile, n-tile] = x[m-tile, K range s] · w[n-tile, K range s]ᵀ in fp32,
+    # K range s = [s·K_SPLIT, (s + 1)·K_SPLIT). At batch 1 an N = hidden projection has few output
+    # tiles; splitting K gives every SM weights to stream. The reader sums the parts (splitk.py).
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = pid_s * K_SPLIT + tl.arange(0, BK)
+    a_ptrs = x_ptr + rm[:, None].to(tl.int64) * x_stride + rk[None, :]
+    b_ptrs = w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]  # [BK, BN] tile of wᵀ, contiguous along K
+    in_m = rm[:, None] < M
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(K_SPLIT // BK):
+        a = tl.load(a_ptrs, mask=in_m, other=0.0)
+        acc = tl.dot(a, tl.load(b_ptrs), acc)
+        a_ptrs += BK
+        b_ptrs += BK
+    tl.store(out_ptr + pid_s.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=in_m)

@@ -24,7 +24,8 @@ scale per row, amax / 448) from the same kernel; ``act_quant`` / ``quantize_rows
 activations and for rows written elsewhere (attention output). ``quantize_reference`` is the rule.
 The same four functions (and ``act_quant``) also take ``ScaledRows`` as their input ``x``: an fp8
 GEMM's output whose per-row and per-column scales (and bias) are still to be applied; the kernel
-applies them as it loads each element (``materialize`` is the same in PyTorch).
+applies them as it loads each element (``materialize`` is the same in PyTorch). ``add_rms_norm``
+and ``add_layer_norm`` also take ``PartialRows`` (a split-K GEMM's parts, splitk.py) and add them up.
 
 Why: unfused, a Qwen3 forward pass at batch 1 is mostly small elementwise kernels (fp32 RMSNorm,
 rotary and the SiLU gate as separate passes; counted in bench/results/h200-2026-11-29-final/
@@ -48,7 +49,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.fp8_rows import FP8, QRows, ScaledRows, materialize, quantize_reference, unscale_args
+from bouquet.engine.fp8_rows import (FP8, PartialRows, QRows, ScaledRows, materialize, norm_input_args,
+                                     quantize_reference, unscale_args)
 from bouquet.engine.layers import RMSNorm, activation
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
@@ -64,9 +66,10 @@ def triton_kernels() -> ModuleType | None:
     return kernels
 
 
-def _fused(x: torch.Tensor) -> ModuleType | None:
-    """The kernels when ``x`` can use them (CUDA, fp16/bf16, Triton present), else None."""
-    return triton_kernels() if x.is_cuda and x.dtype in _FUSED_DTYPES else None
+def _fused(x: torch.Tensor, dtype: torch.dtype | None = None) -> ModuleType | None:
+    """The kernels when ``x`` can use them (CUDA, fp16/bf16 — or ``dtype``, the true values'
+    dtype of an fp32 PartialRows —, Triton present), else None."""
+    return triton_kernels() if x.is_cuda and (dtype or x.dtype) in _FUSED_DTYPES else None
 
 
 def _warps(block: int) -> int:
@@ -119,27 +122,27 @@ def quantize_rows(x: torch.Tensor) -> QRows:
     return act_quant(x, "identity")
 
 
-def add_layer_norm(x: "torch.Tensor | ScaledRows", residual: torch.Tensor, ln: torch.nn.LayerNorm,
+def add_layer_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.Tensor, ln: torch.nn.LayerNorm,
                    fp8: bool = False) -> "torch.Tensor | QRows":
-    """x, residual [T, H] (same dtype; x may be ScaledRows) → LayerNorm(x + residual) [T, H],
+    """x, residual [T, H] (same dtype; x may be ScaledRows or PartialRows) → LayerNorm(x + residual) [T, H],
     ``ln``'s weight/bias/eps. With ``fp8``: QRows of that output, ``dense`` holding the output
     itself (a post-norm encoder's next residual), both written by the same kernel.
 
     Fused on CUDA for fp16/bf16 (no host sync, CUDA-graph safe); eager PyTorch otherwise.
     """
-    raw, scaled = unscale_args(x)
-    k = _fused(raw)
+    raw, dtype, args = norm_input_args(x)
+    k = _fused(raw, dtype)
     if k is None or ln.weight is None or ln.bias is None or raw.dim() != 2 or raw.shape[1] > 8192:
         y = ln(materialize(x) + residual)
         return QRows(*quantize_reference(y), dense=y) if fp8 else y
     x, residual = raw.contiguous(), residual.contiguous()
-    out = torch.empty_like(x)
-    q, scale = _fp8_out(x, fp8)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    q, scale = _fp8_out(out, fp8)
     if x.shape[0]:
         block = k.next_pow2(x.shape[1])
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, n_cols=x.shape[1],
                                        eps=ln.eps, HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block,
-                                       num_warps=_warps(block), **scaled)
+                                       num_warps=_warps(block), **args)
     return QRows(q, scale, dense=out) if fp8 else out
 
 
@@ -169,7 +172,7 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
         bias = ln.weight if ln.bias is None else ln.bias  # never read without HAS_BIAS
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, n_cols=x.shape[1], eps=ln.eps,
                                        HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
-                                       num_warps=_warps(block), **unscale_args(x)[1])
+                                       num_warps=_warps(block), **norm_input_args(x)[2])
     return out, s
 
 
@@ -178,33 +181,34 @@ def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.L
     return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
 
 
-def add_rms_norm(x: "torch.Tensor | ScaledRows", residual: torch.Tensor | None, norm: RMSNorm,
+def add_rms_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.Tensor | None, norm: RMSNorm,
                  fp8: bool = False) -> "tuple[torch.Tensor | QRows, torch.Tensor]":
     """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
     (RMSNorm(s) [T, H], s [T, H]), both in x's dtype. x, residual: [T, H], same dtype (x may be
-    ScaledRows). With ``fp8`` the normed rows come back as QRows only (the next GEMM is their one
+    ScaledRows or PartialRows). With ``fp8`` the normed rows come back as QRows only (the next GEMM is their one
     reader).
 
     One kernel on CUDA for fp16/bf16; the eager fallback is ``norm(s)`` (HF ``Qwen3RMSNorm``, or
     ``Gemma3RMSNorm`` when ``norm.unit_offset``).
     """
-    raw, scaled = unscale_args(x)
-    k = _fused(raw)
+    raw, dtype, args = norm_input_args(x)
+    k = _fused(raw, dtype)
     if k is None or raw.dim() != 2 or raw.shape[1] > 8192:
         x = materialize(x)
         s = x if residual is None else x + residual
         y = norm(s)
         return (QRows(*quantize_reference(y)) if fp8 else y), s
     x = raw.contiguous()
-    q, scale = _fp8_out(x, fp8)
-    out = x if fp8 else torch.empty_like(x)  # not written with fp8
-    s = torch.empty_like(x) if residual is not None or scaled["SCALED"] else x
+    plain = residual is None and not args["SCALED"] and args["PARTS"] == 1  # x itself is the residual stream
+    s = x if plain else torch.empty(x.shape, dtype=dtype, device=x.device)
+    q, scale = _fp8_out(s, fp8)
+    out = s if fp8 else torch.empty_like(s)  # not written with fp8 (s: its dtype tells the kernel the model's)
     if x.shape[0]:
         block = k.next_pow2(x.shape[1])
         r = residual.contiguous() if residual is not None else x
         k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, n_cols=x.shape[1], eps=norm.eps,
                                         HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
-                                        BLOCK=block, num_warps=_warps(block), **scaled)
+                                        BLOCK=block, num_warps=_warps(block), **args)
     return (QRows(q, scale) if fp8 else out), s
 
 

@@ -43,8 +43,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
+from bouquet.engine import splitk
 from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
-from bouquet.engine.fp8_rows import FP8, FP8_MAX, QRows, ScaledRows, TINY
+from bouquet.engine.fp8_rows import FP8, FP8_MAX, PartialRows, QRows, ScaledRows, TINY
 
 
 @dataclass
@@ -70,22 +71,26 @@ class Projection:
 
     ``defer``: every reader of this projection's output accepts ``ScaledRows`` (the model says so
     when it builds the projection), so in fp8 it returns them instead of applying the scales.
+    ``split_k``: every reader is an add + norm kernel, which also accepts ``PartialRows``, so a
+    small model-dtype batch runs the split-K GEMM (splitk.py) where it has a plan.
 
     Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
     they came from; this holds views of them."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str, defer: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str, defer: bool = False,
+                 split_k: bool = False) -> None:
         self.weight, self.bias = weight, bias
         self.kind = kind  # one of KINDS: which matmul of the layer this is
         self.defer = defer
+        self.split_k = split_k  # the engine turns it off for all (Engine(split_k=False))
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
         self._one: torch.Tensor | None = None  # [] float32 1.0 on the device: the unit scale, when deferred
 
     @classmethod
-    def of(cls, linear: nn.Linear, kind: str, defer: bool = False) -> "Projection":
-        return cls(linear.weight, linear.bias, kind, defer)
+    def of(cls, linear: nn.Linear, kind: str, defer: bool = False, split_k: bool = False) -> "Projection":
+        return cls(linear.weight, linear.bias, kind, defer, split_k)
 
     @property
     def deferred(self) -> bool:
@@ -107,8 +112,12 @@ class Projection:
         """Whether a forward pass of ``tokens`` (static per CUDA-graph bucket) runs this in fp8."""
         return self.fp8_min_tokens is not None and tokens >= self.fp8_min_tokens
 
-    def __call__(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
+    def __call__(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows | PartialRows":
         if not isinstance(x, QRows):
+            if self.split_k and x.shape[0] <= splitk.MAX_TOKENS and splitk.usable(x):
+                parts = splitk.splitk_linear(x, self.weight, self.bias)
+                if parts is not None:
+                    return parts
             return F.linear(x, self.weight, self.bias)
         assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
         out_dtype = self.weight.dtype

@@ -109,8 +109,9 @@ class PostNormLayer(nn.Module):
         w, b = fuse_linears(self.p.q, self.p.k, self.p.v)
         assert b is not None  # these encoders' projections always carry biases
         self.qkv = Projection(w, b, "qkv")
-        # o and down are read by add + LayerNorm only, up by the activation: fp8 scales deferred (quant.py)
-        self.o, self.up, self.down = (Projection.of(m, k, defer=True)
+        # o and down are read by add + LayerNorm only (fp8 scales deferred, split-K parts added
+        # there: quant.py, splitk.py), up by the activation (fp8 scales deferred)
+        self.o, self.up, self.down = (Projection.of(m, k, defer=True, split_k=k != "up")
                                       for m, k in ((self.p.o, "o"), (self.p.up, "up"), (self.p.down, "down")))
 
     def projections(self) -> list[Projection]:

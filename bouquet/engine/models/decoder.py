@@ -118,7 +118,7 @@ class DecoderAttention(nn.Module):
 
     def fuse(self) -> None:
         self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
-        self.o = Projection.of(self.o_proj, "o", defer=True)  # read by add + RMSNorm only
+        self.o = Projection.of(self.o_proj, "o", defer=True, split_k=True)  # read by add + RMSNorm only
         self.qk_weight = None
         if self.q_norm is not None and self.q_scale != 1.0:
             # q · c with the default scale equals q with scale c·head_dim**-0.5: scale the norm's
@@ -155,9 +155,10 @@ class DecoderMLP(nn.Module):
 
     def fuse(self) -> None:
         # deferred fp8 scales (quant.py): gate_up is read by the gated activation only, down by the
-        # next add + RMSNorm (the next layer's, the final norm, or Gemma's post-MLP norm)
+        # next add + RMSNorm (the next layer's, the final norm, or Gemma's post-MLP norm), which
+        # also adds up split-K parts (splitk.py)
         self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None, "up", defer=True)
-        self.down = Projection.of(self.down_proj, "down", defer=True)
+        self.down = Projection.of(self.down_proj, "down", defer=True, split_k=True)
 
     def forward(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
         """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden] (ScaledRows when down runs

@@ -1,0 +1,93 @@
+"""Split-K GEMM for small batches: y = x · Wᵀ with K cut into ranges, one fp32 partial sum per range.
+
+At batch 1 (a few hundred tokens) the projections back to the hidden size — attention output
+(Qwen3-0.6B: N = 1,024, K = 2,048) and MLP down (N = 1,024, K = 3,072) — have few output tiles, so
+cuBLAS runs them on a fraction of the SMs and streams their weights at 0.7–0.8 TB/s (the other
+projections of the same layer: 1.9–2.4; bench/results/h200-2026-12-01c, section 4). Here every
+(output tile, K range) pair is a program of ``kernels.splitk_gemm_kernel``, enough to cover the
+SMs, and the parts are not reduced by a pass of their own: the add + norm kernel that reads the
+output next anyway (``ops.add_rms_norm``, ``ops.add_layer_norm``) adds them up as it loads a row
+(``fp8_rows.PartialRows``). The technique is the classic split-K / "sliced-K" decomposition of
+CUTLASS (``GemmSplitKParallel``) with the reduction moved into the consumer.
+
+What this module does not own: which projections may return parts (the models say so through
+``quant.Projection(split_k=True)``: only those whose every reader is an add + norm kernel) or
+whether the engine uses it at all (``Engine(split_k=...)``).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from bouquet.engine.fp8_rows import PartialRows
+
+MAX_TOKENS = 512  # above this the output has tiles enough for cuBLAS (measured: see plan_for)
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Tiles of one split-K launch: output tile bm × bn, K step bk, ``parts`` K ranges; Triton's
+    num_warps / num_stages."""
+
+    bm: int
+    bn: int
+    bk: int
+    parts: int
+    warps: int = 4
+    stages: int = 3
+
+    def fits(self, T: int, N: int, K: int) -> bool:
+        """Whether the plan tiles a [T, K] · [N, K]ᵀ product exactly in N and K (T is masked)."""
+        return N % self.bn == 0 and K % (self.parts * self.bk) == 0 and self.parts >= 2 and self.bm >= 16
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
+    """The split-K plan for T tokens through an [N, K] weight on a GPU of ``sms`` SMs, or None
+    where cuBLAS is the better choice (more than MAX_TOKENS tokens, K too short to split, sizes
+    that do not tile). Parts are chosen so that output tiles × parts fill about one wave of SMs."""
+    if T > MAX_TOKENS or T < 1:
+        return None
+    bm = 64 if T <= 64 else 128
+    bn, bk = 64, 128
+    tiles = -(-T // bm) * (N // bn)
+    parts = 1
+    while tiles * parts * 2 <= sms and K % (parts * 2 * bk) == 0 and parts < 16:
+        parts *= 2
+    plan = SplitPlan(bm, bn, bk, parts)
+    return plan if plan.fits(T, N, K) else None
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether ``x`` [T, K] can take the split-K kernel: CUDA, fp16/bf16, rows contiguous, Triton present."""
+    if not (x.is_cuda and x.dtype in _DTYPES and x.dim() == 2 and x.stride(1) == 1):
+        return False
+    from bouquet.engine.ops import triton_kernels
+    return triton_kernels() is not None
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def splitk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  plan: SplitPlan | None = None) -> "PartialRows | None":
+    """x [T, K] fp16/bf16 (CUDA, ``usable``) · weight [N, K]ᵀ (+ bias [N], added by the reader) →
+    PartialRows with ``plan.parts`` fp32 parts [parts, T, N]; None when no plan fits (the caller
+    runs ``F.linear``). ``plan``: a fixed plan (probes); default ``plan_for``'s."""
+    T, K = x.shape
+    N = weight.shape[0]
+    plan = plan or plan_for(T, N, K, _sms(x.device))
+    if plan is None or not plan.fits(T, N, K) or not weight.is_contiguous():
+        return None
+    from bouquet.engine.ops import triton_kernels
+    parts = torch.empty((plan.parts, T, N), dtype=torch.float32, device=x.device)
+    if T:
+        grid = (N // plan.bn, -(-T // plan.bm), plan.parts)
+        triton_kernels().splitk_gemm_kernel[grid](x, weight, parts, T, N, K, x.stride(0), K_SPLIT=K // plan.parts,
+                                                  BM=plan.bm, BN=plan.bn, BK=plan.bk, num_warps=plan.warps,
+                                                  num_stages=plan.stages)
+    return PartialRows(parts, bias, x.dtype)

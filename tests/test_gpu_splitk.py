@@ -1,0 +1,93 @@
+"""The split-K GEMM and its readers on the GPU (splitk.py): parts add up to x · Wᵀ, the add + norm
+kernels read PartialRows as they read the summed rows, and whole engines with split-K agree with
+cuBLAS engines at batch 1 (eager and graph replay) for the decoder and the encoder shapes."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _plans(T: int, N: int, K: int) -> list:
+    from bouquet.engine.splitk import SplitPlan, plan_for
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    extra = [SplitPlan(64, 32, 64, 4), SplitPlan(128, 128, 128, 2, stages=4), SplitPlan(16, 64, 128, 2)]
+    return [p for p in [plan_for(T, N, K, sms), *extra] if p is not None and p.fits(T, N, K)]
+
+
+@pytest.mark.parametrize("N,K", [(1024, 2048), (1024, 3072), (768, 768), (384, 1536)])
+def test_parts_add_up_to_the_product(N: int, K: int) -> None:
+    from bouquet.engine.splitk import splitk_linear
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(N, K, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    for T in (1, 5, 64, 100, 128, 300, 512):
+        x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
+        want = x.double() @ w.double().t()
+        plans = _plans(T, N, K)
+        assert plans, (T, N, K)
+        for p in plans:
+            got = splitk_linear(x, w, None, p)
+            assert got is not None and got.parts.shape == (p.parts, T, N)
+            err = (got.parts.double().sum(0) - want).abs().max().item()
+            assert err < 1e-4 * want.abs().max().item() + 1e-5, (p, T, err)  # fp32 accumulation only
+
+
+def test_norm_kernels_read_parts_as_the_summed_rows() -> None:
+    from bouquet.engine.fp8_rows import PartialRows, materialize
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import add_layer_norm, add_rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    N = 1024
+    norm = RMSNorm(N, 1e-6).to("cuda", torch.bfloat16)
+    ln = torch.nn.LayerNorm(N, eps=1e-12, device="cuda", dtype=torch.bfloat16)
+    for t in (norm.weight, ln.weight, ln.bias):
+        torch.nn.init.normal_(t)
+    for T, S, bias in ((1, 8, False), (130, 4, True), (512, 2, True)):
+        parts = torch.randn(S, T, N, device="cuda", generator=g) * 3
+        b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+        p = PartialRows(parts, b, torch.bfloat16)
+        dense = materialize(p)
+        res = torch.randn(T, N, device="cuda", generator=g).to(torch.bfloat16)
+        for r in (res, None):
+            (out, s), (want, want_s) = add_rms_norm(p, r, norm), add_rms_norm(dense, r, norm)
+            ulp = want_s.float().abs() * 2 ** -7 + 1e-6  # the sum order may move a bf16 rounding by one step
+            assert ((s.float() - want_s.float()).abs() <= ulp).all()
+            torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=2e-2)
+            q8, q8_want = add_rms_norm(p, r, norm, fp8=True)[0], add_rms_norm(dense, r, norm, fp8=True)[0]
+            torch.testing.assert_close((q8.values.float() * q8.scale), (q8_want.values.float() * q8_want.scale),
+                                       atol=6e-2, rtol=7e-2)
+        torch.testing.assert_close(add_layer_norm(p, res, ln).float(), add_layer_norm(dense, res, ln).float(),
+                                   atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "bge-base", "minilm"])
+def test_engine_with_split_k_equals_cublas_engine_at_batch_1(tmp_path: Path, shape: str) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+    from tests.test_gpu_fastpath import _tokenizer
+
+    s = SHAPES[shape]  # full width (the projections' real N and K), two layers, a short vocabulary
+    s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
+    spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
+    plain = Engine(spec, "cuda", split_k=False)
+    split = Engine(spec, "cuda", graphs=GraphOptions(debug=True), split_k=True)
+    rng = np.random.default_rng(0)
+    for lengths in ([1], [7], [128], [300], [512], [100, 28], [5] * 5):
+        batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
+        want = plain.forward(batch).float().cpu().numpy()
+        rows = [split.step(batch).wait() for _ in range(3)]  # eager, capture, replay
+        assert split.replays(batch)
+        for r in rows:
+            np.testing.assert_allclose(r, want, atol=2e-2, rtol=2e-2)
+            cos = (r * want).sum(1) / np.linalg.norm(r, axis=1) / np.linalg.norm(want, axis=1)
+            assert cos.min() > 0.9999, (lengths, cos.min())

@@ -1,0 +1,60 @@
+"""Split-K plans and PartialRows on the CPU: which (tokens, weight) shapes get a plan, and that the
+add + norm readers give the same rows for parts as for the summed GEMM output (the fallbacks
+here; the Triton kernels are checked in test_gpu_splitk.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bouquet.engine.fp8_rows import PartialRows, materialize, norm_input_args, unscale_args
+from bouquet.engine.layers import RMSNorm
+from bouquet.engine.ops import add_layer_norm, add_rms_norm
+from bouquet.engine.splitk import MAX_TOKENS, SplitPlan, plan_for, usable
+
+
+@pytest.mark.parametrize("T,N,K", [(1, 1024, 2048), (128, 1024, 2048), (128, 1024, 3072), (512, 1024, 3072),
+                                   (128, 768, 768), (16, 768, 3072), (128, 384, 1536)])
+def test_plans_tile_exactly_and_fill_about_one_wave(T: int, N: int, K: int) -> None:
+    p = plan_for(T, N, K, 132)
+    assert p is not None and p.fits(T, N, K) and p.parts >= 2
+    programs = -(-T // p.bm) * (N // p.bn) * p.parts
+    assert programs <= 132 or p.parts == 2, (p, programs)  # never more than a wave, unless the least split
+    assert K % (p.parts * p.bk) == 0 and N % p.bn == 0
+
+
+def test_no_plan_where_cublas_has_tiles_or_the_sizes_do_not_tile() -> None:
+    assert plan_for(MAX_TOKENS + 1, 1024, 2048, 132) is None
+    assert plan_for(0, 1024, 2048, 132) is None
+    assert plan_for(128, 1000, 2048, 132) is None  # N not a multiple of the tile width
+    assert plan_for(128, 1024, 200, 132) is None  # K too short to split
+    assert not SplitPlan(64, 64, 128, 1).fits(128, 1024, 2048)  # one part is no split
+
+
+def test_partial_rows_read_like_their_sum() -> None:
+    torch.manual_seed(0)
+    T, N = 7, 96
+    parts = torch.randn(3, T, N)
+    b = torch.randn(N).to(torch.bfloat16)
+    p = PartialRows(parts, b, torch.bfloat16)
+    dense = (parts.sum(0) + b.float()).to(torch.bfloat16)
+    assert p.shape == (T, N) and torch.equal(materialize(p), dense)
+    res = torch.randn(T, N).to(torch.bfloat16)
+    norm = RMSNorm(N, 1e-6).to(torch.bfloat16)
+    for got, want in zip(add_rms_norm(p, res, norm), add_rms_norm(dense, res, norm)):
+        assert torch.equal(got, want)
+    ln = torch.nn.LayerNorm(N).to(torch.bfloat16)
+    assert torch.equal(add_layer_norm(p, res, ln), add_layer_norm(dense, res, ln))
+    raw, dtype, args = norm_input_args(p)
+    assert raw.shape == (T, N) and dtype == torch.bfloat16 and args["PARTS"] == 3 and args["part_stride"] == T * N
+    with pytest.raises(TypeError, match="PartialRows"):
+        unscale_args(p)  # the activation kernels never see parts
+
+
+def test_cpu_projections_stay_plain_linears() -> None:
+    from bouquet.engine.quant import Projection
+
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    assert not usable(x) and not usable(x.float())
+    w = torch.randn(128, 256).to(torch.bfloat16)
+    got = Projection(w, None, "o", defer=True, split_k=True)(x)
+    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.nn.functional.linear(x, w))
