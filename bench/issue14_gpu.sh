@@ -25,7 +25,7 @@ M=/tmp/bench-models
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 bundle() { tar czf "$OUT/r.tgz" -C "$OUT" r; }  # after every step: a call cut off at its limit still returns what ran
 if has tests; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_gpu_attention.py tests/test_gpu_fastpath.py \
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_gpu_attention.py tests/test_gpu_fastpath.py \
     tests/test_gpu_fp8.py} > "$R/gpu-tests.txt" 2>&1
   tail -5 "$R/gpu-tests.txt"
   bundle

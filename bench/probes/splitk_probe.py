@@ -55,7 +55,7 @@ def plans(T: int, N: int, K: int, quick: bool) -> list[splitk.SplitPlan]:
     out = []
     bms = (64,) if T <= 64 else (64, 128)
     bns = (64,) if quick else (32, 64, 128)
-    for bm, bn, parts, stages in itertools.product(bms, bns, (2, 4, 8, 16), (3, 4)):
+    for bm, bn, parts, stages in itertools.product(bms, bns, (2, 4, 8, 16), (3,)):
         bk = 128 if K // parts >= 256 else 64
         p = splitk.SplitPlan(bm, bn, bk, parts, 4, stages)
         if p.fits(T, N, K) and K // parts >= 2 * bk:
