@@ -54,11 +54,11 @@ class EngineTarget(Target):
     cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
     attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
     ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
-    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``split_k=False``:
-    cuBLAS for the hidden-size projections of small steps (splitk.py), the baseline of split-K."""
+    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``split_k``: the
+    split-K Triton GEMM for the hidden-size projections of small steps (splitk.py; off by default)."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
-                 attention: str | None = None, fp8_rowwise: bool = False, split_k: bool = True) -> None:
+                 attention: str | None = None, fp8_rowwise: bool = False, split_k: bool = False) -> None:
         from bouquet.engine.engine import Engine, GraphOptions
         from bouquet.engine.quant import use_rowwise_scales
         from bouquet.modelspec import load_spec
@@ -72,7 +72,7 @@ class EngineTarget(Target):
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
             + ("-rowwise" if fp8_rowwise else "") + ("-fa2" if attention == "varlen-flash" else "") \
-            + ("" if split_k else "-nosplitk")
+            + ("-splitk" if split_k else "")
         self.tolerance = 0.01 if quantization == "fp8" else 1e-3
         self._lock = threading.Lock()
 
