@@ -18,8 +18,10 @@ def test_plans_tile_exactly_and_fill_about_one_wave(T: int, N: int, K: int) -> N
     p = plan_for(T, N, K, 132)
     assert p is not None and p.fits(T, N, K) and p.parts >= 2
     programs = -(-T // p.bm) * (N // p.bn) * p.parts
-    assert programs <= 132 or p.parts == 2, (p, programs)  # never more than a wave, unless the least split
-    assert K % (p.parts * p.bk) == 0 and N % p.bn == 0
+    assert programs <= 132 or p.parts == 2, (p, programs)  # at most one wave, unless the least split
+    # ... and the most split that stays within it: twice the parts would pass a wave or not tile K
+    assert programs * 2 > 132 or K % (p.parts * 2 * p.bk) != 0 or p.parts == 16, (p, programs)
+    assert p.smem_bytes() <= 227 * 1024  # Hopper's shared memory per block
 
 
 def test_no_plan_where_cublas_has_tiles_or_the_sizes_do_not_tile() -> None:
@@ -36,8 +38,10 @@ def test_partial_rows_read_like_their_sum() -> None:
     parts = torch.randn(3, T, N)
     b = torch.randn(N).to(torch.bfloat16)
     p = PartialRows(parts, b, torch.bfloat16)
-    dense = (parts.sum(0) + b.float()).to(torch.bfloat16)
-    assert p.shape == (T, N) and torch.equal(materialize(p), dense)
+    dense = (parts.double()[0] + parts.double()[1] + parts.double()[2] + b.double()).to(torch.bfloat16)
+    assert p.shape == (T, N)
+    torch.testing.assert_close(materialize(p), dense, atol=0, rtol=2 ** -8)  # within one bf16 rounding
+    dense = materialize(p)
     res = torch.randn(T, N).to(torch.bfloat16)
     norm = RMSNorm(N, 1e-6).to(torch.bfloat16)
     for got, want in zip(add_rms_norm(p, res, norm), add_rms_norm(dense, res, norm)):

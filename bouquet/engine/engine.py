@@ -215,11 +215,12 @@ class Engine:
     @classmethod
     def from_state_dict(cls, spec: ModelSpec, state: dict[str, torch.Tensor], device: str = "auto",
                         dtype: str = "auto", attention: str | None = None,
-                        graphs: GraphOptions | None = None) -> "Engine":
+                        graphs: GraphOptions | None = None, **options: object) -> "Engine":
         """Build from tensors already in memory (e.g. a transformers model's ``state_dict()`` on
         the GPU: no disk round trip). Tensors already on ``device`` in ``dtype`` are used without
-        a copy. Same checks and errors as loading from disk."""
-        return cls(spec, device, dtype, attention, state=state, graphs=graphs)
+        a copy. Same checks and errors as loading from disk; ``options``: the constructor's other
+        keywords (quantization, split_k, …)."""
+        return cls(spec, device, dtype, attention, state=state, graphs=graphs, **options)  # type: ignore[arg-type]
 
     def _forward_packed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor | None, seg: torch.Tensor,
                         cu: torch.Tensor, max_seqlen: int, uniform: bool = False) -> torch.Tensor:

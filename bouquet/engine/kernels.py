@@ -308,7 +308,7 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
              out.to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
 def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr):
     # Program (n, m, s): out[s, m-tile, n-tile] = x[m-tile, K range s] · w[n-tile, K range s]ᵀ in fp32,

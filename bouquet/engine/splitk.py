@@ -47,6 +47,11 @@ class SplitPlan:
     warps: int = 4
     stages: int = 3
 
+    def smem_bytes(self, elem: int = 2) -> int:
+        """Shared memory the pipelined loads need (bytes): ``stages`` buffers of the x and w tiles
+        (Triton on Hopper keeps num_stages − 1 in flight plus one more for a wgmma operand)."""
+        return self.stages * (self.bm + self.bn) * self.bk * elem
+
     def fits(self, T: int, N: int, K: int) -> bool:
         """Whether the plan tiles a [T, K] · [N, K]ᵀ product exactly in N and K (T is masked)."""
         return N % self.bn == 0 and K % (self.parts * self.bk) == 0 and self.parts >= 2 and self.bm >= 16
