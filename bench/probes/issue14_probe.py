@@ -1,12 +1,10 @@
-"""Issue 14, items 2 and 3, measured before building: small-M GEMMs and ragged attention.
+"""Issue 14, item 3, measured before building: ragged attention (and the step's kernel split).
 
-    python bench/probes/issue14_probe.py OUT.json [--parts gemm attn step]
+    python bench/probes/issue14_probe.py OUT.json [--parts attn step]
 
-``gemm``: every linear of a model shape (distinct weights per layer, so weights stream from HBM
-as in a forward pass) inside one CUDA graph per (shape, M): cuBLAS as torch picks it
-(``F.linear``), cuBLASLt preferred (``torch.backends.cuda.preferred_blas_library``), and a
-split-K Triton GEMM (``small_gemm``) over a grid of tile configurations, with and without the
-partial-sum reduction. Reports ms per layer stack and weight TB/s.
+(Its ``gemm`` part, a split-K Triton GEMM swept against cuBLAS, ran at 2026-12-01 call 2 — see
+``git show c93be6b:bench/probes/issue14_probe.py`` — and is now ``splitk_probe.py``, which times
+the engine's own kernel, bouquet/engine/splitk.py.)
 
 ``attn``: attention alone for 100 sequences of 16–512 tokens (arrival order, seed 0) and the same
 token count at one uniform length, Qwen3-0.6B heads (16 q / 8 kv × 128, causal) and bge-base
@@ -29,124 +27,10 @@ from typing import Callable
 import numpy as np
 import torch
 import triton
-import triton.language as tl
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from bench.probes.fp8_gemm_probe import graph_ms  # noqa: E402
-
-SHAPES = {  # (N, K) of qkv, o, up(+gate), down; layers
-    "qwen3-0.6b": ([(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)], 28),
-    "bge-base": ([(2304, 768), (768, 768), (3072, 768), (768, 3072)], 12),
-}
-
-
-@triton.jit
-def small_gemm(x_ptr, w_ptr, y_ptr, M, N, K, k_split, stride_ys,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    # y[s] = x[:, ks] @ w[:, ks]ᵀ over the s-th K slice (ks = [s·k_split, (s+1)·k_split)), x [M, K]
-    # and w [N, K] row-major; k_split is a multiple of BK. Program (m, n, s): one BM × BN tile.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_s = tl.program_id(2)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = pid_s * k_split + tl.arange(0, BK)
-    xp = x_ptr + rm[:, None].to(tl.int64) * K + rk[None, :]
-    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, k_split, BK):
-        a = tl.load(xp, mask=rm[:, None] < M, other=0.0)
-        b = tl.load(wp, mask=rn[:, None] < N, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
-        xp += BK
-        wp += BK
-    out = y_ptr + pid_s * stride_ys + rm[:, None].to(tl.int64) * N + rn[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-@triton.jit
-def sum_partials(p_ptr, y_ptr, n, S: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(S):
-        acc += tl.load(p_ptr + s * n + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int, int, int, int],
-                  part: torch.Tensor | None, y: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-    """x [M, K] bf16 @ w [N, K]ᵀ → y [M, N] bf16 with ``cfg`` = (BM, BN, BK, split, warps, stages);
-    split > 1 writes fp32 partials into ``part`` [split, M, N], then sums them (``reduce``)."""
-    BM, BN, BK, S, warps, stages = cfg
-    M, K = x.shape
-    N = w.shape[0]
-    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), S)
-    dst = y if S == 1 else part
-    small_gemm[grid](x, w, dst, M, N, K, K // S, M * N, BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)
-    if S > 1 and reduce:
-        sum_partials[(triton.cdiv(M * N, 1024),)](part, y, M * N, S=S, BLOCK=1024)
-    return y
-
-
-CONFIGS = [(bm, bn, bk, s, w, st) for (bm, bn, bk, w, st) in
-           [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
-            (64, 128, 64, 4, 4), (64, 128, 128, 4, 3), (128, 64, 128, 4, 3), (128, 128, 64, 8, 3),
-            (128, 128, 128, 8, 3), (64, 64, 256, 4, 3)]
-           for s in (1, 2, 4, 8)]
-
-
-def gemm_part() -> list[dict]:
-    rows = []
-    for name, (mats, layers) in SHAPES.items():
-        ws = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for n, k in mats] for _ in range(layers)]
-        for M in (16, 128, 512):
-            for j, (n, k) in enumerate(mats):
-                x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16)
-                y = torch.empty(M, n, device="cuda", dtype=torch.bfloat16)
-                part = torch.empty(8, M, n, device="cuda", dtype=torch.float32)
-                ref = torch.nn.functional.linear(x, ws[0][j]).float()
-                row: dict = {"model": name, "M": M, "N": n, "K": k, "layers": layers}
-
-                def cublas() -> None:
-                    for lw in ws:
-                        torch.nn.functional.linear(x, lw[j])
-
-                row["cublas_ms"] = graph_ms(cublas)
-                torch.backends.cuda.preferred_blas_library("cublaslt")
-                row["cublaslt_ms"] = graph_ms(cublas)
-                torch.backends.cuda.preferred_blas_library("cublas")
-                best: tuple[float, tuple, float] | None = None
-                for cfg in CONFIGS:
-                    BM, BN, BK, S, _, _ = cfg
-                    if BM > max(16, triton.next_power_of_2(M)) or k % (S * BK):
-                        continue
-                    try:
-                        out = triton_linear(x, ws[0][j], cfg, part, y).float()
-                        err = float((out - ref).abs().max() / ref.abs().max())
-                        ms = graph_ms(lambda: [triton_linear(x, lw[j], cfg, part, y) for lw in ws], 10, 3)
-                        ms_nored = graph_ms(lambda: [triton_linear(x, lw[j], cfg, part, y, False) for lw in ws], 10, 3) if S > 1 else ms
-                    except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped, reported
-                        row.setdefault("errors", []).append(f"{cfg}: {str(e)[:120]}")
-                        continue
-                    if err > 2e-2:
-                        row.setdefault("errors", []).append(f"{cfg}: rel err {err:.3g}")
-                        continue
-                    if best is None or ms < best[0]:
-                        best = (ms, cfg, ms_nored)
-                    row.setdefault("all", {})[str(cfg)] = [round(ms, 4), round(ms_nored, 4)]
-                if best is not None:
-                    row["triton_ms"], row["triton_cfg"], row["triton_noreduce_ms"] = round(best[0], 4), best[1], round(best[2], 4)
-                wb = 2 * n * k * layers
-                for key in ("cublas", "cublaslt", "triton", "triton_noreduce"):
-                    if f"{key}_ms" in row:
-                        row[f"{key}_TBps"] = round(wb / row[f"{key}_ms"] / 1e9, 3)
-                print(json.dumps({kk: vv for kk, vv in row.items() if kk != "all"}), flush=True)
-                rows.append(row)
-        del ws
-        torch.cuda.empty_cache()
-    return rows
 
 
 def attn_part() -> dict:
@@ -407,7 +291,7 @@ def step_part(models_root: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--parts", nargs="+", default=["attn", "step", "gemm", "graph"])
+    ap.add_argument("--parts", nargs="+", default=["attn", "step", "graph"])
     ap.add_argument("--models-root", default="/tmp/models")
     ap.add_argument("--labels", nargs="*", default=[], help="tattn: head shapes to sweep (qwen3 bge minilm; default all)")
     a = ap.parse_args()
@@ -415,7 +299,7 @@ def main() -> None:
                  "cudnn": torch.backends.cudnn.version()}
     for part in a.parts:
         try:
-            res[part] = {"attn": attn_part, "gemm": gemm_part, "graph": graph_part, "tattn": lambda: triton_attn_part(tuple(a.labels)), "long": long_part,
+            res[part] = {"attn": attn_part, "graph": graph_part, "tattn": lambda: triton_attn_part(tuple(a.labels)), "long": long_part,
                          "step": lambda: step_part(a.models_root)}[part]()
         except Exception as e:  # noqa: BLE001 - keep the other parts' results
             import traceback
