@@ -56,8 +56,12 @@ def resolve_model_path(model: str | None, revision: str | None = None, *, downlo
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """Raises ModelError naming the file when it is not valid JSON (or not UTF-8)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path} is not valid JSON: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Tokenizer
 
-from bouquet.modelspec import ModelSpec
+from bouquet.modelspec import ModelError, ModelSpec
 
 Side = Literal["left", "right"]
 
@@ -70,7 +70,11 @@ class TextTokenizer:
     """Thread-safe for concurrent ``encode*`` calls (the Rust tokenizer is immutable here)."""
 
     def __init__(self, spec: ModelSpec) -> None:
-        base = Tokenizer.from_file(str(spec.tokenizer_path))
+        """Raises ModelError naming tokenizer.json when ``tokenizers`` cannot read it."""
+        try:
+            base = Tokenizer.from_file(str(spec.tokenizer_path))
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            raise ModelError(f"{spec.tokenizer_path} cannot be read by tokenizers: {e}") from None
         base.no_padding()
         base.no_truncation()
         self.spec = spec

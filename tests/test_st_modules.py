@@ -198,6 +198,18 @@ def test_unsupported_module_refuses_to_start(tiny_bert, tmp_path):
         BouquetProcess("--model", str(d), "--log-level", "warning", startup_timeout=120).stop()
 
 
+@pytest.mark.parametrize("name", ["config.json", "modules.json", "tokenizer.json"])
+def test_broken_json_file_is_named(tiny_bert, tmp_path, name):
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean")
+    (d / name).write_text("{bad")
+    if name == "tokenizer.json":  # read by tokenizers when the gateway starts
+        with pytest.raises(ModelError, match=r"tokenizer.json cannot be read by tokenizers: key must be a string"):
+            TextTokenizer(load_spec(str(d)))
+        return
+    with pytest.raises(ModelError, match=rf"{name} is not valid JSON: Expecting property name"):
+        load_spec(str(d))
+
+
 def test_include_prompt_false_with_last_token_pooling(tiny_bert, tmp_path):
     """Last-token pooling never reads a prompt token, so include_prompt=false changes nothing and
     is served; with a prompt, the vectors still equal sentence-transformers'."""
