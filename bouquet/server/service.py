@@ -44,8 +44,12 @@ def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: byt
     """Split packed int32 LE bytes (ids [T], lengths [B], token types [T] or empty) into
     per-sequence arrays; validates lengths, ids and types. Shared by the gRPC and IPC front ends.
 
-    Raises RequestError(INVALID_ARGUMENT) naming the offending sequence.
+    Raises RequestError(INVALID_ARGUMENT) naming the offending sequence or field.
     """
+    for name, raw in (("input_ids", input_ids), ("lengths", lengths_bytes), ("token_type_ids", token_type_ids)):
+        if len(raw) % 4:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"{name} has {len(raw)} bytes, not a whole number of int32 (4-byte) values")
     ids = np.frombuffer(input_ids, dtype="<i4")
     # The lengths as Python ints: a request holds few sequences, and Python's min/max/sum and
     # slicing cost less than numpy's reductions and np.split on arrays that small.
@@ -72,6 +76,11 @@ def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: byt
         tt = np.frombuffer(token_type_ids, dtype="<i4")
         if tt.size != ids.size:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_type_ids and input_ids differ in length")
+        types = spec.config.get("type_vocab_size")  # models without token types ignore them
+        if types is not None and tt.size and (int(tt.min()) < 0 or int(tt.max()) >= int(types)):
+            bad = int(tt[(tt < 0) | (tt >= int(types))][0])
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"token type id {bad} is outside the model's token types [0, {types})")
         tts = [tt[a:b] for a, b in zip(bounds, bounds[1:])]
     return seqs, tts
 
@@ -122,6 +131,10 @@ class InferenceService:
             self.check_open()
             seqs, tts = decode_request(request, self.spec)
             dims = self.check_dimensions(request.dimensions)
+            shortest = min(len(q) for q in seqs)
+            if request.pool_skip >= shortest:  # nothing left to pool: an all-zero vector
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"pool_skip {request.pool_skip} leaves no "
+                                   f"token to pool in a sequence of {shortest} tokens")
         except RequestError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises

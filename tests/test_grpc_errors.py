@@ -1,0 +1,67 @@
+"""The replica's public gRPC API refuses malformed requests with INVALID_ARGUMENT and a message
+naming the field, before anything reaches the engine, and answers the next good request.
+(Found by a fresh-clone trial: a 3-byte ``input_ids`` was UNKNOWN, a token type id past the
+model's types reached the engine as an IndexError, a ``pool_skip`` covering the whole sequence
+returned an all-zero vector.)"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from bouquet.proto import bouquet_pb2 as pb
+from bouquet.proto.rpc import HEALTH_SERVING, SERVICE
+from helpers import LOG_DIR, free_port
+from tests.test_replicas import grpc_health
+
+
+@pytest.fixture(scope="module")
+def replica():
+    """`bouquet server` on the embedded all-MiniLM-L6-v2 (BERT: 2 token types, vocabulary 30,522)."""
+    port = free_port()
+    log = open(LOG_DIR / f"grpc-errors-{port}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while grpc_health(address) != HEALTH_SERVING:
+        assert proc.poll() is None and time.monotonic() < deadline, "bouquet server did not become ready"
+        time.sleep(0.5)
+    with grpc.insecure_channel(address) as ch:
+        yield ch.unary_unary(f"/{SERVICE}/Embed", request_serializer=pb.EmbedRequest.SerializeToString,
+                             response_deserializer=pb.EmbedReply.FromString)
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+
+
+def _i32(*v: int) -> bytes:
+    return np.asarray(v, dtype="<i4").tobytes()
+
+
+GOOD = dict(input_ids=_i32(101, 7592, 2088, 102), lengths=_i32(4))
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(input_ids=b"\x01\x02\x03", lengths=_i32(1)), "input_ids has 3 bytes, not a whole number of int32"),
+    (dict(GOOD, lengths=b"\x04\x00"), "lengths has 2 bytes"),
+    (dict(GOOD, token_type_ids=b"\x00" * 5), "token_type_ids has 5 bytes"),
+    (dict(GOOD, token_type_ids=_i32(0, 0, 7, 0)), r"token type id 7 is outside the model's token types \[0, 2\)"),
+    (dict(GOOD, token_type_ids=_i32(0, -1, 0, 0)), "token type id -1"),
+    (dict(GOOD, pool_skip=4), "pool_skip 4 leaves no token to pool in a sequence of 4 tokens"),
+    (dict(input_ids=_i32(101, 102, 101, 7592, 2088, 102), lengths=_i32(2, 4), pool_skip=2), "sequence of 2 tokens"),
+    (dict(GOOD, pool_skip=-1), "pool_skip must be >= 0"),
+    (dict(input_ids=_i32(101, 30522), lengths=_i32(2)), r"token id 30522 is outside the vocabulary \[0, 30522\)"),
+])
+def test_malformed_request_is_invalid_argument_and_the_next_one_works(replica, fields, message):
+    with pytest.raises(grpc.RpcError) as e:
+        replica(pb.EmbedRequest(**fields), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert re.search(message, e.value.details() or ""), e.value.details()
+    reply = replica(pb.EmbedRequest(**GOOD, pool_skip=1), timeout=30)
+    assert reply.num_tokens == 4 and len(reply.output.data) == 384 * 4  # one float32 vector of 384
