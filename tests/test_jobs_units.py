@@ -73,6 +73,20 @@ def test_missing_columns_and_unknown_files_are_named(tmp_path: Path) -> None:
         rows_of(tmp_path / "nulls.jsonl")
 
 
+@pytest.mark.parametrize("body,message", [
+    ('{"text": "ok"}\n{"text": "broken\n{"text": "after"}\n', r"line 2 is not valid JSON \(Invalid control character"),
+    ('{"text": "ok"}\n\n{"text": 5}\n', r"line 3: 'text' is a JSON number, but a string on line 1"),
+    ('[1, 2]\n', "line 1 is not a JSON object"),
+    ("", "the file holds no rows"),
+])
+def test_malformed_jsonl_names_the_file_and_line(tmp_path: Path, body: str, message: str) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text(body)
+    with pytest.raises(InputError, match=rf"bad.jsonl: cannot be read as JSONL: {message}"):
+        resolve_id_column(discover(p), "text", None)  # the job's first read: the columns
+        rows_of(p)
+
+
 def test_packer_respects_budgets_and_keeps_order() -> None:
     rng = np.random.default_rng(0)
     groups = [Group([np.full(int(n), 7, np.int32) for n in rng.integers(1, 40, size=50)], k, 2) for k in range(3)]

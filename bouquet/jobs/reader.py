@@ -124,6 +124,45 @@ def resolve_id_column(files: list[InputFile], text_column: str, id_column: str |
 
 
 def _open_table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]:
+    """Arrow slices of a JSONL/CSV/TSV/Parquet file. Raises InputError naming the file (and, for
+    JSONL, the first line that is not a JSON object or whose values change type) when pyarrow
+    cannot read it."""
+    try:
+        yield from _table_stream(f, columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        where = _first_bad_jsonl_line(f.path) if f.fmt == "jsonl" else None
+        raise InputError(f"{f.path}: cannot be read as {f.fmt.upper()}: {where or e}") from None
+
+
+_JSON_KINDS = {str: "string", int: "number", float: "number", bool: "boolean", dict: "object", list: "array"}
+
+
+def _first_bad_jsonl_line(path: Path) -> str | None:
+    """Where a JSONL file goes wrong, counted from line 1: a line that is not a JSON object, or a
+    field whose JSON type differs from its type on an earlier line (pyarrow's row numbers count
+    from 0 within a block, and its parse errors do not say what is wrong). None if no line is."""
+    import json
+
+    kinds: dict[str, tuple[str, int]] = {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                return f"line {n} is not valid JSON ({e.msg}, column {e.colno})"
+            if not isinstance(obj, dict):
+                return f"line {n} is not a JSON object"
+            for key, value in obj.items():
+                kind = _JSON_KINDS.get(type(value), "null")
+                first = kinds.setdefault(key, (kind, n))
+                if "null" not in (kind, first[0]) and kind != first[0]:
+                    return f"line {n}: {key!r} is a JSON {kind}, but a {first[0]} on line {first[1]}"
+    return "the file holds no rows" if not kinds else None
+
+
+def _table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]:
     if f.fmt == "parquet":
         pf = pq.ParquetFile(f.path)
         for rb in pf.iter_batches(batch_size=_SLICE_ROWS, columns=columns):
