@@ -44,6 +44,43 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+def grpc_health(address: str) -> bytes:
+    """The raw grpc.health.v1 Check answer, or b"" when nothing answers."""
+    import grpc
+
+    with grpc.insecure_channel(address) as ch:
+        try:
+            return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+        except grpc.RpcError:
+            return b""
+
+
+class GrpcServer:
+    """`bouquet server` (one replica, gRPC only) on a free port of 127.0.0.1, started on the CPU
+    and ready (grpc.health.v1 SERVING) when the constructor returns; ``stop()`` sends SIGTERM."""
+
+    def __init__(self, *args: str, startup_timeout: float = 180) -> None:
+        from bouquet.proto.rpc import HEALTH_SERVING
+
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        self._log = open(LOG_DIR / f"server-{port}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port",
+                                      str(port), "--device", "cpu", *args], stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + startup_timeout
+        while grpc_health(self.address) != HEALTH_SERVING:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"bouquet server did not become ready; log: {self._log.name}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self._log.close()
+
+
 class BouquetProcess:
     """`bouquet serve` as a real child process on free ports; stop() sends SIGTERM."""
 

@@ -6,38 +6,24 @@ returned an all-zero vector.)"""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import time
 
 import grpc
 import numpy as np
 import pytest
 
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.proto.rpc import HEALTH_SERVING, SERVICE
-from helpers import LOG_DIR, free_port
-from tests.test_replicas import grpc_health
+from bouquet.proto.rpc import SERVICE
+from helpers import GrpcServer
 
 
 @pytest.fixture(scope="module")
 def replica():
     """`bouquet server` on the embedded all-MiniLM-L6-v2 (BERT: 2 token types, vocabulary 30,522)."""
-    port = free_port()
-    log = open(LOG_DIR / f"grpc-errors-{port}.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while grpc_health(address) != HEALTH_SERVING:
-        assert proc.poll() is None and time.monotonic() < deadline, "bouquet server did not become ready"
-        time.sleep(0.5)
-    with grpc.insecure_channel(address) as ch:
+    srv = GrpcServer()
+    with grpc.insecure_channel(srv.address) as ch:
         yield ch.unary_unary(f"/{SERVICE}/Embed", request_serializer=pb.EmbedRequest.SerializeToString,
                              response_deserializer=pb.EmbedReply.FromString)
-    proc.terminate()
-    proc.wait(30)
-    log.close()
+    srv.stop()
 
 
 def _i32(*v: int) -> bytes:

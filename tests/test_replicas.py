@@ -8,17 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 
-import grpc
 import httpx
 import numpy as np
 import pytest
 
 from bouquet.proto.rpc import HEALTH_SERVING
-from helpers import LOG_DIR, BouquetProcess, cosine_rows, free_port, read_sts
+from helpers import BouquetProcess, GrpcServer, cosine_rows, free_port, grpc_health, read_sts
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -43,15 +40,6 @@ def reference(st_minilm, texts):
 
 def health(srv: BouquetProcess) -> dict:
     return httpx.get(srv.url + "/health", timeout=10).json()
-
-
-def grpc_health(address: str) -> bytes:
-    """The raw grpc.health.v1 Check answer, or b"" when nothing answers."""
-    with grpc.insecure_channel(address) as ch:
-        try:
-            return ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
-        except grpc.RpcError:
-            return b""
 
 
 def gateway_children(pid: int) -> list[str]:
@@ -87,19 +75,9 @@ def test_large_request_is_spread_and_reassembled(three_replicas, texts, referenc
 @pytest.fixture(scope="module")
 def standalone_server():
     """`bouquet server`: one replica on a fixed address, as on a remote machine."""
-    port = free_port()
-    log = open(LOG_DIR / f"server-{port}.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while grpc_health(f"127.0.0.1:{port}") != HEALTH_SERVING:
-        assert proc.poll() is None and time.monotonic() < deadline, "bouquet server did not become ready"
-        time.sleep(0.5)
-    yield proc, f"127.0.0.1:{port}"
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(30)
-    log.close()
+    srv = GrpcServer()
+    yield srv.proc, srv.address
+    srv.stop()
 
 
 def test_gateway_workers_share_external_replicas(three_replicas, standalone_server, texts, reference):
