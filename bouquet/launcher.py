@@ -207,8 +207,7 @@ def serve(cfg: ServeConfig) -> int:
     common = dict(host=cfg.host, port=cfg.port, loop=loop, http="bouquet.gateway.protocol:HttpProtocol", log_level=cfg.log_level, access_log=False,
                   proxy_headers=False, server_header=False, timeout_keep_alive=cfg.timeout_keep_alive)
     if cfg.gateway_workers > 1:
-        from uvicorn.supervisors import Multiprocess
-
+        from bouquet.gateway.drain import DrainingSupervisor
         from bouquet.gateway.factory import GATEWAY_CONFIG_ENV, configs_to_json
 
         # Spawned workers inherit the environment: the factory reads the configs from it. At
@@ -221,7 +220,7 @@ def serve(cfg: ServeConfig) -> int:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
                               timeout_graceful_shutdown=5, **common)
-        supervisor = Multiprocess(ucfg, sockets=[sock])
+        supervisor = DrainingSupervisor(ucfg, sockets=[sock])
         run, stop = supervisor.run, supervisor.should_exit.set
     else:
         from bouquet.gateway.app import create_app

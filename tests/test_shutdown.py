@@ -112,10 +112,13 @@ def test_drain_timeout_answers_the_requests_still_running_503():
         srv.stop()
 
 
-def test_second_sigterm_ends_the_drain_with_503():
-    srv = BouquetProcess()  # the default 30 s drain
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_second_sigterm_ends_the_drain_with_503(workers: str):
+    # with gateway workers the supervisor relays the second signal too (it did not: the workers
+    # drained to the end; fresh-clone trial)
+    srv = BouquetProcess("--gateway-workers", workers)  # the default 30 s drain
     try:
-        result, inflight, t_term = _drain_case(srv, 0.3)
+        result, inflight, t_term = _drain_case(srv, 0.3 if workers == "1" else 1.0)
         srv.proc.send_signal(signal.SIGTERM)
         inflight.join(30)
         openai_error(result["r"], 503, code="shutting_down")

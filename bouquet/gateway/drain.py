@@ -10,7 +10,7 @@ and answered 503 too (not left to uvicorn, whose own cancellation answers a plai
 second SIGINT/SIGTERM ends the drain at once (what is in flight is answered 503, then it exits).
 
 Two ways in: the single-process gateway runs ``DrainingServer``; each ``--gateway-workers`` process
-(run by uvicorn's supervisor, which sends it SIGTERM) calls ``DrainState.take_signals`` at start-up.
+(run by ``DrainingSupervisor``, which sends it SIGTERM) calls ``DrainState.take_signals`` at start-up.
 
 What this module does not own: stopping replicas (launcher.py), draining inside a replica
 (server/service.py ``drain``).
@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from types import FrameType
 from typing import Any, Callable
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 log = logging.getLogger("bouquet")
 
@@ -128,3 +130,36 @@ class DrainingServer(uvicorn.Server):
         if self.drain.done():
             self.should_exit = True
         return await super().on_tick(counter)
+
+
+class DrainingSupervisor(Multiprocess):
+    """uvicorn's worker supervisor (``--gateway-workers``) that also relays a second SIGINT/SIGTERM
+    to the workers while they drain. uvicorn's own stops reading signals once it has sent each
+    worker its first SIGTERM and only waits for them, so the second signal, which should end
+    the drain at once (``take_signals``), never reached a worker: they drained to the end.
+
+    The base class queues signals from its handlers and runs ``handle_int`` / ``handle_term`` for
+    them in its loop; both are counted here, and ``join_all`` keeps reading the queue."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.exit_signals = 0  # SIGINT/SIGTERM received (Ctrl-C reaches this process as SIGINT)
+
+    def handle_int(self) -> None:
+        self.exit_signals += 1
+        super().handle_int()
+
+    def handle_term(self) -> None:
+        self.exit_signals += 1
+        super().handle_term()
+
+    def join_all(self) -> None:
+        relayed = min(self.exit_signals, 1)  # the signal terminate_all passed on (0: stopped from code)
+        while alive := [p.process for p in self.processes if p.process.is_alive()]:
+            self.handle_signals()
+            if self.exit_signals > relayed:
+                relayed = self.exit_signals
+                for proc in alive:
+                    if proc.pid is not None:
+                        os.kill(proc.pid, signal.SIGTERM)
+            alive[0].join(0.1)
