@@ -180,13 +180,18 @@ def serve(cfg: ServeConfig) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sock = bind_gateway_socket(cfg.host, cfg.port)
     groups: list[list[ReplicaProcess]] = []  # each model's replica processes
+    group_models: list[str] = []  # which model each group serves (named in errors when several are served)
     gcfgs: list[ServeConfig] = []  # each model's config, its replicas' addresses filled in
     try:
         for c, spec in zip(entries, specs):
             if c.servers:
                 addresses, paths = list(c.servers), [""] * len(c.servers)
             else:
-                groups.append(start_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+                try:
+                    groups.append(start_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+                except RuntimeError as e:
+                    raise RuntimeError(f"{e} (model {c.model})" if len(entries) > 1 else str(e)) from None
+                group_models.append(c.model)
                 addresses, paths = [r.address for r in groups[-1]], [r.ipc_path for r in groups[-1]]
             log.info("bouquet: model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")
@@ -235,11 +240,13 @@ def serve(cfg: ServeConfig) -> int:
 
     def watch() -> None:
         while not finished.wait(0.5):
-            dead = next((g for g in groups if g and all(r.proc.poll() is not None for r in g)), None)
-            if dead is not None:
-                reasons.extend(dict.fromkeys(e for e in (r.error() for r in dead) if e))
+            i = next((i for i, g in enumerate(groups) if g and all(r.proc.poll() is not None for r in g)), None)
+            if i is not None:
+                which = f" (model {group_models[i]})" if len(entries) > 1 else ""
+                reasons.extend(dict.fromkeys(e + which for e in (r.error() for r in groups[i]) if e))
                 if not reasons:  # with reasons, the command's error line says it all
-                    log.error("bouquet: every server replica of a model has exited; stopping the gateway")
+                    log.error("bouquet: every server replica of model %s has exited; stopping the gateway",
+                              group_models[i])
                 failed.set()
                 stop()
                 return

@@ -3,6 +3,9 @@ on the CPU, the embedded all-MiniLM-L6-v2 and a tiny random cross-encoder, each 
 replica; every answer equals the single-model server's for the same model."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -162,7 +165,7 @@ def test_per_model_configs() -> None:
 @pytest.mark.parametrize("args, message", [
     (["--model", "a", "--model", "b", "--served-model-name", "x"], "one --served-model-name per model"),
     (["--model", "a", "--model", "b", "--server", "127.0.0.1:1"], "--server serves one model"),
-    (["--model", MINILM, "--model", MINILM], "are both named"),
+    (["--model", MINILM, "--model", MINILM], f"--model #1 ({MINILM}) and --model #2 ({MINILM}) are both named"),
 ])
 def test_bad_multi_model_command_lines_fail_at_start(args: list[str], message: str) -> None:
     t0 = time.monotonic()
@@ -170,3 +173,20 @@ def test_bad_multi_model_command_lines_fail_at_start(args: list[str], message: s
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and message in r.stderr, r.stderr
     assert time.monotonic() - t0 < 60  # refused before any replica starts
+
+
+def test_a_failing_second_model_is_named(tmp_path: Path) -> None:
+    """A model whose replica fails after start-up checks (its config does not match its weights)
+    is named in the one error line when several are served (fresh-clone trial: it said only
+    'server replica: ...')."""
+    bad = tmp_path / "bad"
+    shutil.copytree(MINILM, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "hidden_size": 256}))
+    r = subprocess.run([sys.executable, "-m", "bouquet", "serve", "--device", "cpu", "--port", "0", "--model", MINILM,
+                        "--model", str(bad), "--served-model-name", "a", "--served-model-name", "b"], cwd=REPO,
+                       capture_output=True, text=True, timeout=180, env={**os.environ, "TMPDIR": str(tmp_path)})
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("error: server replica") and f"(model {bad})" in last, r.stderr[-2000:]
+    assert "checkpoint shape (384,)" in last
+    assert list(tmp_path.glob("bouquet-*/")) == []  # no work folder left

@@ -33,15 +33,16 @@ def model_names(models: Sequence[tuple[ServeConfig, ModelSpec]]) -> list[tuple[s
     Raises ConfigError when two models share a name (the message names both models).
     """
     out: list[tuple[str, frozenset[str]]] = []
-    owner: dict[str, str] = {}
-    for cfg, spec in models:
+    owner: dict[str, tuple[int, str]] = {}  # name → (position of its --model, that --model's value)
+    for k, (cfg, spec) in enumerate(models, 1):
         public_id = cfg.served_model_name[0] if cfg.served_model_name else spec.model_id
         names = frozenset({public_id, spec.model_id, *cfg.served_model_name})
         for n in sorted(names):
             if n in owner:
-                raise ConfigError(f"models {owner[n]!r} and {public_id!r} are both named {n!r}; give each model its "
-                                  "own --served-model-name (one per --model, in order)")
-            owner[n] = public_id
+                j, first = owner[n]
+                raise ConfigError(f"--model #{j} ({first}) and --model #{k} ({cfg.model}) are both named {n!r}; give "
+                                  "each model its own --served-model-name (one per --model, in order)")
+            owner[n] = (k, cfg.model)
         out.append((public_id, names))
     return out
 
