@@ -148,7 +148,9 @@ def serve(
                                              "connections after this many seconds (keep it above your clients' idle expiry)."),
     drain_timeout: float = typer.Option(_default("drain_timeout"), help="On SIGTERM, seconds that requests in flight "
                                         "get to finish (new ones are answered 503); those still running then get 503 too."),
-    api_key: Optional[str] = typer.Option(_env("API_KEY"), help="Require 'Authorization: Bearer KEY' (all routes but /health)."),
+    api_key: Optional[str] = typer.Option(_env("API_KEY"), show_default=False,  # a secret: never printed
+                                          help="Require 'Authorization: Bearer KEY' (all routes but /health); "
+                                               "default: $BOUQUET_API_KEY (preferred: command lines are public)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
                                      help="Refuse over-long inputs by default instead of truncating."),
     cors_allow_origin: list[str] = typer.Option([], metavar="ORIGIN", help="A browser origin (e.g. https://app.example.com, or *) "

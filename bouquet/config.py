@@ -140,6 +140,10 @@ class ServeConfig:
     extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> "ServeConfig":
+        if self.api_key is not None and not self.api_key.strip():
+            # an empty secret (an unset Kubernetes secret, `BOUQUET_API_KEY=`) must not mean "no auth"
+            raise ConfigError("the API key is empty (--api-key or BOUQUET_API_KEY); unset it to serve without "
+                              "authentication, or give a key")
         if self.revision is not None and not self.revision.strip():
             raise ConfigError("--revision must be a branch, tag or commit, got an empty string")
         if self.revision is not None and self.models:

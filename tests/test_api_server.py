@@ -95,6 +95,24 @@ def test_api_key_stays_out_of_the_replicas(custom_server):
     assert KEY not in custom_server.log()
 
 
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_empty_api_key_refuses_to_start_and_help_hides_the_key(how):
+    """An empty key (an unset secret mounted as ``BOUQUET_API_KEY=``) must not serve without
+    authentication; ``serve --help`` must not print the key it reads from the environment."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "BOUQUET_API_KEY": "" if how == "env" else KEY}
+    args = ["--api-key", " "] if how == "flag" else []
+    r = subprocess.run([sys.executable, "-m", "bouquet", "serve", "--device", "cpu", "--port", "0", *args], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "the API key is empty" in r.stderr.strip().splitlines()[-1], r.stderr[-1000:]
+    shown = subprocess.run([sys.executable, "-m", "bouquet", "serve", "--help"], env={**os.environ, "BOUQUET_API_KEY": KEY},
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--api-key" in shown.stdout and KEY not in shown.stdout + shown.stderr
+
+
 def test_cors(custom_server, minilm_server):
     pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
            "Access-Control-Request-Headers": "authorization, content-type"}
