@@ -99,6 +99,8 @@ def test_scoring_errors(cross_server):
         ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
         ("/v1/rerank", {"query": "", "documents": ["a"]}, "query"),
         ("/v1/rerank", {"query": "q", "documents": ["a", {"txt": "b"}]}, "documents[1]"),
+        ("/v1/rerank", {"query": "q", "documents": [{"text": 5}]}, "documents[0]"),  # was 'documents', "token ids"
+        ("/v1/rerank", {"query": "q", "documents": ["a", 7]}, "documents[1]"),
         ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
         ("/v1/rerank", {"query": "word " * 200, "documents": ["a"]}, "query"),  # the query is never truncated
         ("/v1/rerank", {"query": "q", "documents": [DOCS[-1]], "truncate": False}, "documents"),

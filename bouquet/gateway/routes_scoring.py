@@ -32,9 +32,9 @@ def parse_documents(value: Any, param: str, max_inputs: int) -> list[str]:
     if isinstance(value, list):
         value = [d.get("text") if isinstance(d, dict) else d for d in value]
         for i, d in enumerate(value):
-            if d is None:
-                raise bad_request(f"{param}[{i}] must be a string or an object with a 'text' string", f"{param}[{i}]",
-                                  "invalid_type")
+            if not isinstance(d, str):  # documents are text: no token ids, no numbers, no null text
+                raise bad_request(f"{param}[{i}] must be a string or an object with a 'text' string, got "
+                                  f"{'null' if d is None else type(d).__name__}", f"{param}[{i}]", "invalid_type")
     return parse_texts(value, param, max_inputs)
 
 
