@@ -181,6 +181,7 @@ def test_metrics(minilm_server):
     assert minilm_server.embed(["metrics one", "metrics two"]).status_code == 200
     assert minilm_server.embed("").status_code == 400
     httpx.get(minilm_server.url + "/definitely-not-a-route")
+    assert httpx.delete(minilm_server.url + "/v1/embeddings").status_code == 405
     import time
 
     time.sleep(1.3)  # replica numbers arrive with the health loop's next Info poll (about 1 s)
@@ -189,6 +190,8 @@ def test_metrics(minilm_server):
     k400 = ("bouquet_http_requests_total", (("method", "POST"), ("route", "/v1/embeddings"), ("status", "400")))
     assert after[k400] == before.get(k400, 0) + 1
     assert after[("bouquet_http_requests_total", (("method", "GET"), ("route", "other"), ("status", "404")))] >= 1
+    k405 = ("bouquet_http_requests_total", (("method", "DELETE"), ("route", "/v1/embeddings"), ("status", "405")))
+    assert after[k405] == before.get(k405, 0) + 1  # a known path keeps its route label (was "other")
     names = {n for n, _ in after}
     for n in ("bouquet_http_request_duration_seconds_bucket", "bouquet_tokenization_duration_seconds_count",
               "bouquet_inference_duration_seconds_count", "bouquet_replica_queue_tokens", "bouquet_replica_batch_tokens_bucket",
@@ -219,6 +222,8 @@ def test_openapi_and_json_404_405(minilm_server):
     assert r.status_code == 404 and set(r.json()) == {"error", "error_type"}
     r = httpx.get(minilm_server.url + "/v1/embeddings")
     assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["code"] == "method_not_allowed"
+    r = httpx.post(minilm_server.url + "/health")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"  # HEAD /health is served too
     tok = httpx.post(minilm_server.url + "/tokenize", json={"inputs": ["hello world"]}).json()
     assert [t["id"] for t in tok[0]] == [101, 7592, 2088, 102] and tok[0][1] == {
         "id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}

@@ -92,8 +92,12 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
             msg = f"method {request.method} is not allowed on {request.url.path}"
         else:
             msg = str(exc.detail)
+        headers = dict(exc.headers or {})
+        allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
+        if "GET" in allow and "HEAD" not in allow:  # the front answers HEAD for every GET route (front.py)
+            headers["Allow"] = ", ".join([*allow, "HEAD"])
         return APIError(exc.status_code, msg, None, "not_found" if exc.status_code == 404 else "method_not_allowed",
-                        headers=dict(exc.headers or {})).response_for(request.url.path)
+                        headers=headers).response_for(request.url.path)
 
     @api.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:

@@ -220,7 +220,8 @@ class Front:
         self._observe(route, method, status, t0)
 
     async def _other(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
-        """FastAPI: docs, unknown paths (404), wrong methods (405); counted under route "other"."""
+        """FastAPI: docs, unknown paths (404), wrong methods (405); counted under the path's route
+        when it is one of ours (a 405 on /v1/embeddings), else under "other"."""
         status = 500
 
         async def send_status(message: Message) -> None:
@@ -232,7 +233,7 @@ class Front:
         try:
             await self.api(scope, receive, send_status)
         finally:
-            self._observe("other", scope["method"], status, t0)
+            self._observe(scope["path"], scope["method"], status, t0)
 
     def _observe(self, route: str, method: str, status: int, t0: float) -> None:
         if route not in self.known:
