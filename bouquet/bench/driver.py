@@ -293,5 +293,5 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], list[Path]]:
         else:
             shape = tiny(SHAPES[name]) if opts.tiny else SHAPES[name]
         results["models"][shape.name] = bench_model(shape, opts, rate)
-        write_all(results, opts.out)  # partial results survive a later failure
+        write_all(results, opts.out, plots=False)  # partial results survive a later failure
     return results, write_all(results, opts.out)

@@ -119,12 +119,15 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
     return files
 
 
-def write_all(results: dict[str, Any], out: Path) -> list[Path]:
-    """results.json, results.md and the plots under ``out``; returns the paths. Without matplotlib
-    (the ``bench`` extra) the plots are skipped with a warning: the numbers are all in the files."""
+def write_all(results: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
+    """results.json, results.md and (``plots``) the plots under ``out``; returns the paths. Without
+    matplotlib (the ``bench`` extra) the plots are skipped with a warning: the numbers are all in
+    the files."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(markdown(results))
+    if not plots:
+        return [out / "results.json", out / "results.md"]
     try:
         import matplotlib  # noqa: F401
     except ImportError:
