@@ -211,9 +211,11 @@ def serve(cfg: ServeConfig) -> int:
     # work per request in uvicorn. Keep-alive: see ServeConfig (above the clients' idle expiry).
     common = dict(host=cfg.host, port=cfg.port, loop=loop, http="bouquet.gateway.protocol:HttpProtocol", log_level=cfg.log_level, access_log=False,
                   proxy_headers=False, server_header=False, timeout_keep_alive=cfg.timeout_keep_alive)
+    metrics_dir: str | None = None
     if cfg.gateway_workers > 1:
         from bouquet.gateway.drain import DrainingSupervisor
         from bouquet.gateway.factory import GATEWAY_CONFIG_ENV, configs_to_json
+        from bouquet.gateway.metrics import MULTIPROC_ENV
 
         # Spawned workers inherit the environment: the factory reads the configs from it. At
         # SIGTERM the supervisor signals each worker, which drains as the single-process gateway
@@ -223,6 +225,9 @@ def serve(cfg: ServeConfig) -> int:
         # The workers are the parallelism: a Rust thread pool of one thread per core in each of
         # them would oversubscribe the cores (an explicit setting wins).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # one folder for the workers' Prometheus values, so /metrics sums them (gateway/metrics.py)
+        metrics_dir = tempfile.mkdtemp(prefix="bouquet-metrics-")
+        os.environ[MULTIPROC_ENV] = metrics_dir
         ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
                               timeout_graceful_shutdown=5, **common)
         supervisor = DrainingSupervisor(ucfg, sockets=[sock])
@@ -260,6 +265,8 @@ def serve(cfg: ServeConfig) -> int:
     finally:
         finished.set()
         stop_replicas(replicas)
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     if reasons:  # e.g. a model that --quantization fp8 refuses, found after the port was bound
         raise RuntimeError("server replica: " + "; ".join(reasons))
     return 1 if failed.is_set() else 0

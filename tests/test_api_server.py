@@ -242,3 +242,34 @@ def test_head_health_and_retrieve_model(minilm_server):
     r = httpx.get(minilm_server.url + "/v1/models/gpt-4")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert "/v1/models/{model}" in httpx.get(minilm_server.url + "/openapi.json").json()["paths"]
+
+
+def test_metrics_sum_every_gateway_worker(tmp_path):
+    """--gateway-workers 2: every scrape counts the requests of both workers (each scrape reaches
+    one worker; before, it showed that worker's counts only: 0 → 1 → 0 between scrapes), and the
+    workers' shared metrics folder is gone after the stop."""
+    import os
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    srv = BouquetProcess("--gateway-workers", "2", env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        key = ("bouquet_http_requests_total", (("method", "POST"), ("route", "/v1/embeddings"), ("status", "200")))
+        for i in range(8):
+            with httpx.Client() as fresh:  # a new connection each: the kernel spreads them over the workers
+                assert fresh.post(srv.url + "/v1/embeddings", json={"input": f"text {i}"}, timeout=30).status_code == 200
+        seen = set()
+        for _ in range(6):
+            with httpx.Client() as fresh:
+                text = fresh.get(srv.url + "/metrics", timeout=10).text
+            values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                      for fam in text_string_to_metric_families(text) for s in fam.samples}
+            seen.add(values.get(key))
+            assert any(n == "bouquet_replica_up" for n, _ in values)  # the replica metrics are there too
+        assert seen == {8.0}, seen
+        assert list(tmp_path.glob("bouquet-metrics-*"))  # the shared folder, while it runs
+    finally:
+        srv.stop()
+    time.sleep(0.5)
+    assert list(tmp_path.glob("bouquet-metrics-*")) == []

@@ -73,8 +73,10 @@ def test_ctrl_c_stops_cleanly(tmp_path, workers):
     # the gateway drains while the replicas keep serving, nothing warns, no work folder is left.
     srv = BouquetProcess("--gateway-workers", str(workers), env={"TMPDIR": str(tmp_path)}, new_session=True)
     try:
-        folders = list(tmp_path.glob("bouquet-*/"))
+        folders = [f for f in tmp_path.glob("bouquet-*/") if not f.name.startswith("bouquet-metrics-")]
         assert len(folders) == 1 and (folders[0] / "replica0.port").exists()
+        # with gateway workers, also the folder of their shared Prometheus values (gateway/metrics.py)
+        assert len(list(tmp_path.glob("bouquet-metrics-*/"))) == (workers > 1)
         assert srv.embed("hello").status_code == 200
         os.killpg(srv.proc.pid, signal.SIGINT)
         assert srv.proc.wait(60) == 0

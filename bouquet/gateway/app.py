@@ -79,6 +79,7 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
         for gw in gateways:
             await gw.pool.close()
         executor.shutdown(wait=False)
+        metrics.forget_process()
 
     api = FastAPI(title="bouquet", version=routes_openai.VERSION, lifespan=lifespan,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")

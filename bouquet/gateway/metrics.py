@@ -4,13 +4,22 @@ One ``CollectorRegistry`` per app instance (never the process-global default), s
 can live in one process (tests). Gateway-side numbers are observed directly; replica numbers
 (queue, batch sizes, cancellations, CUDA graphs) come from the replicas' gRPC ``Info`` replies,
 which the replica pool's health loop refreshes about once a second — they lag by up to that much.
+
+``--gateway-workers N``: each worker process answers the scrapes that reach it, so its gateway
+counters alone would jump between the workers' values from scrape to scrape. The launcher gives
+the workers one folder (``PROMETHEUS_MULTIPROC_DIR``, prometheus_client's multiprocess mode: each
+process writes its values to memory-mapped files there) and ``render`` sums the files of every
+worker (``MultiProcessCollector``); a worker removes its own files as it exits.
 """
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -18,6 +27,7 @@ if TYPE_CHECKING:
     from bouquet.gateway.replicas import ReplicaPool
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's name for the shared folder
 LABELS = ["replica", "model"]  # of every per-replica metric
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
@@ -27,6 +37,10 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # set by the launcher for its gateway workers only; prometheus_client read it at import
+        # time already (its values live in that folder's files then), this decides how to render
+        self.multiproc_dir = os.environ.get(MULTIPROC_ENV) or None
+        self._replicas: Collector | None = None
         r = self.registry
         self.requests = Counter("bouquet_http_requests", "HTTP requests by route, method and status code",
                                 ["route", "method", "status"], registry=r)
@@ -41,10 +55,30 @@ class GatewayMetrics:
     def watch_replicas(self, pools: Sequence[tuple[str, "ReplicaPool"]]) -> None:
         """Export the replicas of every (model public id, pool); call once (one collector for all
         models: each metric family may be registered only once)."""
-        self.registry.register(ReplicaCollector(pools))
+        self._replicas = ReplicaCollector(pools)
+        self.registry.register(self._replicas)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry)
+        reg = CollectorRegistry()  # every worker's gateway counters, summed from their files
+        MultiProcessCollector(reg, path=self.multiproc_dir)
+        if self._replicas is not None:  # the replica metrics: this worker's view (each worker polls all)
+            reg.register(self._replicas)
+        return generate_latest(reg)
+
+    def forget_process(self) -> None:
+        """At a worker's exit: remove its files from the shared folder (its counts leave the sums;
+        no one scrapes a stopping gateway), and the folder once no worker has any left."""
+        if self.multiproc_dir is None:
+            return
+        folder = Path(self.multiproc_dir)
+        for f in folder.glob(f"*_{os.getpid()}.db"):
+            f.unlink(missing_ok=True)
+        try:
+            folder.rmdir()  # the last worker out (after a launcher killed with SIGKILL, no one else does)
+        except OSError:
+            pass
 
 
 class ReplicaCollector(Collector):
