@@ -231,6 +231,32 @@ def test_openapi_and_json_404_405(minilm_server):
                                         json={"inputs": "hello", "add_special_tokens": False}).json()[0]] == [7592]
 
 
+@pytest.mark.parametrize("path,body,ok", [
+    ("/v1/embeddings", {"input": "x"}, True),
+    ("/v1/embeddings", {"input": "x", "dimensions": None}, True),
+    ("/v1/embeddings", {"input": [[101, 102]]}, True),
+    ("/v1/embeddings", {"input": ""}, False),
+    ("/v1/embeddings", {"input": []}, False),
+    ("/v1/embeddings", {"input": ["a", ""]}, False),
+    ("/v1/rerank", {"query": "q", "documents": "a"}, True),
+    ("/v1/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": None}, True),
+    ("/v1/rerank", {"query": "q", "documents": []}, False),
+    ("/v1/rerank", {"query": "", "documents": ["a"]}, False),
+    ("/rerank", {"query": "q", "texts": "a"}, True),
+    ("/rerank", {"query": "q", "texts": []}, False),
+])
+def test_openapi_schema_agrees_with_the_server(minilm_server, path, body, ok):
+    """A body /openapi.json allows is served (200); one it rules out is refused (400), and the
+    other way round (fresh-clone trial: `documents` as a string and null `dimensions` were served
+    but not allowed, empty inputs allowed but refused)."""
+    import jsonschema
+    spec = httpx.get(minilm_server.url + "/openapi.json").json()
+    schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    valid = jsonschema.Draft202012Validator(schema).is_valid(body)
+    status = httpx.post(minilm_server.url + path, json=body, timeout=30).status_code
+    assert (valid, status) == (ok, 200 if ok else 400), (valid, status)
+
+
 def test_head_health_and_retrieve_model(minilm_server):
     """HEAD /health answers like GET without a body (load balancers, uptime checks); GET
     /v1/models/{id} is the OpenAI "Retrieve model", under every name the model is served as."""

@@ -15,9 +15,20 @@ _INT = {"type": "integer"}
 _NUM = {"type": "number"}
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _VEC = {"type": "array", "items": _NUM}
-_TEXTS = {"oneOf": [_STR, {"type": "array", "items": _STR}]}
-_INPUT = {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS, {"type": "array", "items": _IDS}],
-          "description": "A string, a list of strings, a list of token ids, or a list of token-id lists."}
+# inputs as the parsers take them (gateway/inputs.py): no empty string, no empty list (→ 400 empty_input)
+_TEXT = {"type": "string", "minLength": 1}
+_TEXT_IDS = {**_IDS, "minItems": 1}
+_TEXTS = {"oneOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]}
+_INPUT = {"oneOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}, _TEXT_IDS,
+                    {"type": "array", "items": _TEXT_IDS, "minItems": 1}],
+          "description": "A string, a list of strings, a list of token ids, or a list of token-id lists (none empty)."}
+
+
+def _optional_int(minimum: int, description: str = "") -> dict[str, Any]:
+    """An integer field the parsers also take as null (= not sent)."""
+    out: dict[str, Any] = {"type": ["integer", "null"], "minimum": minimum}
+    return {**out, "description": description} if description else out
+
 _LONG = {"type": "string", "enum": ["truncate", "error", "chunk_mean", "chunks"],
          "description": "Over-long inputs: truncate | error (400) | chunk_mean (token-weighted mean of overlapping "
                         "windows) | chunks (also one vector per window). Must agree with `truncate` when both are sent."}
@@ -41,7 +52,7 @@ _SPARSE_VEC = _obj({"indices": _IDS, "values": _VEC})
 EMBEDDINGS_REQUEST = _obj({
     "input": _INPUT, "model": _STR,
     "encoding_format": {"type": "string", "enum": ["float", "base64"], "description": "base64: little-endian float32"},
-    "dimensions": {"type": "integer", "minimum": 1, "description": "Matryoshka: keep the first N values, re-normalize"},
+    "dimensions": _optional_int(1, "Matryoshka: keep the first N values, re-normalize"),
     "user": _STR, "truncate": _BOOL, "truncation_side": {"type": "string", "enum": ["left", "right"]},
     "long_input": _LONG, "prompt_name": _STR, "prompt": _STR, "normalize": _BOOL, "priority": _PRIORITY,
     "output": {"type": "string", "enum": ["dense", "sparse", "multi_vector"],
@@ -59,8 +70,9 @@ EMBEDDINGS_RESPONSE = _obj({
 })
 _SCORING_EXT = {"raw_scores": _BOOL, "truncate": _BOOL, "instruction": _STR, "priority": _PRIORITY}
 RERANK_REQUEST = _obj({
-    "query": _STR, "model": _STR, "top_n": {"type": "integer", "minimum": 1}, "return_documents": _BOOL,
-    "documents": {"type": "array", "items": {"oneOf": [_STR, _obj({"text": _STR}, ["text"])]}}, **_SCORING_EXT,
+    "query": _TEXT, "model": _STR, "top_n": _optional_int(1), "return_documents": _BOOL,
+    "documents": {"oneOf": [_TEXT, {"type": "array", "minItems": 1,
+                                    "items": {"oneOf": [_TEXT, _obj({"text": _TEXT}, ["text"])]}}]}, **_SCORING_EXT,
 }, ["query", "documents"])
 RERANK_RESPONSE = _obj({"id": _STR, "model": _STR, "usage": _USAGE, "results": {"type": "array", "items": _obj(
     {"index": _INT, "relevance_score": _NUM, "document": _obj({"text": _STR})})}})
@@ -69,7 +81,7 @@ SCORE_RESPONSE = _obj({"id": _STR, "object": _STR, "created": _INT, "model": _ST
                        "data": {"type": "array", "items": _obj({"index": _INT, "object": _STR, "score": _NUM})}})
 TEI_EMBED_REQUEST = _obj({
     "inputs": _INPUT, "normalize": _BOOL, "truncate": _BOOL, "truncation_direction": {"type": "string", "enum": ["Left", "Right"]},
-    "dimensions": {"type": "integer", "minimum": 1}, "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY,
+    "dimensions": _optional_int(1), "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY,
     "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]},
 }, ["inputs"])
 TEI_EMBED_RESPONSE = {"type": "array", "items": _VEC}
@@ -83,7 +95,7 @@ TEI_EMBED_ALL_REQUEST = _obj({
     "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY,
 }, ["inputs"])
 TEI_EMBED_ALL_RESPONSE = {"type": "array", "items": {"type": "array", "items": _VEC}}
-TEI_RERANK_REQUEST = _obj({"query": _STR, "texts": {"type": "array", "items": _STR}, "return_text": _BOOL,
+TEI_RERANK_REQUEST = _obj({"query": _TEXT, "texts": _TEXTS, "return_text": _BOOL,
                            "truncation_direction": _STR, **_SCORING_EXT}, ["query", "texts"])
 TEI_RERANK_RESPONSE = {"type": "array", "items": _obj({"index": _INT, "score": _NUM, "text": _STR})}
 TEI_TOKENIZE_REQUEST = _obj({"inputs": _TEXTS, "add_special_tokens": _BOOL, "prompt_name": _STR}, ["inputs"])
