@@ -215,7 +215,7 @@ def serve(cfg: ServeConfig) -> int:
     if cfg.gateway_workers > 1:
         from bouquet.gateway.drain import DrainingSupervisor
         from bouquet.gateway.factory import GATEWAY_CONFIG_ENV, configs_to_json
-        from bouquet.gateway.metrics import MULTIPROC_ENV
+        from bouquet.gateway.metrics import BOUQUET_METRICS_ENV, MULTIPROC_ENV
 
         # Spawned workers inherit the environment: the factory reads the configs from it. At
         # SIGTERM the supervisor signals each worker, which drains as the single-process gateway
@@ -227,7 +227,7 @@ def serve(cfg: ServeConfig) -> int:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # one folder for the workers' Prometheus values, so /metrics sums them (gateway/metrics.py)
         metrics_dir = tempfile.mkdtemp(prefix="bouquet-metrics-")
-        os.environ[MULTIPROC_ENV] = metrics_dir
+        os.environ[MULTIPROC_ENV] = os.environ[BOUQUET_METRICS_ENV] = metrics_dir
         ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
                               timeout_graceful_shutdown=5, **common)
         supervisor = DrainingSupervisor(ucfg, sockets=[sock])

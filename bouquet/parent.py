@@ -29,3 +29,10 @@ def die_with_parent(expected_parent: int | None = None) -> None:
         expected_parent = int(os.environ[PARENT_PID_ENV])
     if expected_parent is not None and os.getppid() != expected_parent:
         sys.exit(1)  # orphaned before the request took effect: nobody will stop this process
+
+
+def parent_alive() -> bool:
+    """Whether the process named by ``PARENT_PID_ENV`` is still this process's parent (True
+    when the variable is not set: nothing to outlive)."""
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    return not expected.isdigit() or os.getppid() == int(expected)

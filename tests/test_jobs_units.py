@@ -74,10 +74,12 @@ def test_missing_columns_and_unknown_files_are_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("body,message", [
-    ('{"text": "ok"}\n{"text": "broken\n{"text": "after"}\n', r"line 2 is not valid JSON \(Invalid control character"),
+    ('{"text": "ok"}\n{"text": "broken\n{"text": "after"}\n', r"line 2 is not valid JSON \(Unterminated string"),
     ('{"text": "ok"}\n\n{"text": 5}\n', r"line 3: 'text' is a JSON number, but a string on line 1"),
     ('[1, 2]\n', "line 1 is not a JSON object"),
     ("", "the file holds no rows"),
+    ('{"text": null}\n{"text": "a"}\n{"text": 3}\n', r"line 3: 'text' is a JSON number, but a string on line 2"),
+    ('\ufeff{"text": "a"} {"text": "b"}\n{"text": [1]}\n', r"line 2: 'text' is a JSON array, but a string on line 1"),
 ])
 def test_malformed_jsonl_names_the_file_and_line(tmp_path: Path, body: str, message: str) -> None:
     p = tmp_path / "bad.jsonl"

@@ -31,6 +31,7 @@ from bouquet.gateway.front import ASGIApp, Front, Routes
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
 from bouquet.modelspec import ModelSpec
+from bouquet.parent import parent_alive
 from bouquet.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -76,10 +77,12 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
         gc.collect()
         gc.freeze()
         yield
-        for gw in gateways:
-            await gw.pool.close()
-        executor.shutdown(wait=False)
-        metrics.forget_process()
+        try:
+            for gw in gateways:
+                await gw.pool.close()
+            executor.shutdown(wait=False)
+        finally:
+            metrics.forget_process(launcher_alive=parent_alive())
 
     api = FastAPI(title="bouquet", version=routes_openai.VERSION, lifespan=lifespan,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")

@@ -156,7 +156,11 @@ class DrainingSupervisor(Multiprocess):
     def join_all(self) -> None:
         relayed = min(self.exit_signals, 1)  # the signal terminate_all passed on (0: stopped from code)
         while alive := [p.process for p in self.processes if p.process.is_alive()]:
-            self.handle_signals()
+            # only SIGINT/SIGTERM now: SIGTTIN would start a worker that no one stops, SIGHUP a restart
+            for sig in list(self.signal_queue):
+                self.signal_queue.remove(sig)
+                if sig in (signal.SIGINT, signal.SIGTERM):
+                    self.exit_signals += 1
             if self.exit_signals > relayed:
                 relayed = self.exit_signals
                 for proc in alive:

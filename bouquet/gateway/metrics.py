@@ -8,8 +8,12 @@ which the replica pool's health loop refreshes about once a second — they lag 
 ``--gateway-workers N``: each worker process answers the scrapes that reach it, so its gateway
 counters alone would jump between the workers' values from scrape to scrape. The launcher gives
 the workers one folder (``PROMETHEUS_MULTIPROC_DIR``, prometheus_client's multiprocess mode: each
-process writes its values to memory-mapped files there) and ``render`` sums the files of every
-worker (``MultiProcessCollector``); a worker removes its own files as it exits.
+process writes its values to memory-mapped files there; ``BOUQUET_METRICS_DIR`` names the same
+folder to this module, so a variable from the user's own environment never makes a gateway read or
+delete files) and ``render`` sums the files of every worker (``MultiProcessCollector``). Files
+stay while the launcher lives (a restarted worker's counts stay in the sums, as prometheus_client
+keeps a dead process's counters) and the launcher removes the folder; a worker removes its own only
+when the launcher is gone (killed with SIGKILL), and the last one out the folder.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's name for the shared folder
+BOUQUET_METRICS_ENV = "BOUQUET_METRICS_DIR"  # the same folder, set by the launcher alongside it
 LABELS = ["replica", "model"]  # of every per-replica metric
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
@@ -39,7 +44,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         # set by the launcher for its gateway workers only; prometheus_client read it at import
         # time already (its values live in that folder's files then), this decides how to render
-        self.multiproc_dir = os.environ.get(MULTIPROC_ENV) or None
+        self.multiproc_dir = os.environ.get(BOUQUET_METRICS_ENV) or None
         self._replicas: Collector | None = None
         r = self.registry
         self.requests = Counter("bouquet_http_requests", "HTTP requests by route, method and status code",
@@ -67,10 +72,12 @@ class GatewayMetrics:
             reg.register(self._replicas)
         return generate_latest(reg)
 
-    def forget_process(self) -> None:
-        """At a worker's exit: remove its files from the shared folder (its counts leave the sums;
-        no one scrapes a stopping gateway), and the folder once no worker has any left."""
-        if self.multiproc_dir is None:
+    def forget_process(self, launcher_alive: bool) -> None:
+        """At a worker's exit, when the launcher that owns the shared folder is gone: remove this
+        worker's files, and the folder once no worker has any left. With the launcher alive
+        nothing is removed (a worker the supervisor restarts must not take its counts out of the
+        sums); the launcher removes the folder as it exits."""
+        if self.multiproc_dir is None or launcher_alive:
             return
         folder = Path(self.multiproc_dir)
         for f in folder.glob(f"*_{os.getpid()}.db"):

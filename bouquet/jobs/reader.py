@@ -143,23 +143,33 @@ def _first_bad_jsonl_line(path: Path) -> str | None:
     from 0 within a block, and its parse errors do not say what is wrong). None if no line is."""
     import json
 
-    kinds: dict[str, tuple[str, int]] = {}
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    decoder = json.JSONDecoder()
+    kinds: dict[str, tuple[str, int]] = {}  # field → (its first non-null JSON type, that line)
+    rows = 0
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:  # a BOM is fine for pyarrow too
         for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                return f"line {n} is not valid JSON ({e.msg}, column {e.colno})"
-            if not isinstance(obj, dict):
-                return f"line {n} is not a JSON object"
-            for key, value in obj.items():
-                kind = _JSON_KINDS.get(type(value), "null")
-                first = kinds.setdefault(key, (kind, n))
-                if "null" not in (kind, first[0]) and kind != first[0]:
-                    return f"line {n}: {key!r} is a JSON {kind}, but a {first[0]} on line {first[1]}"
-    return "the file holds no rows" if not kinds else None
+            pos, line = 0, line.strip()
+            while pos < len(line):  # pyarrow takes several objects on one line as well
+                try:
+                    obj, end = decoder.raw_decode(line, pos)
+                except json.JSONDecodeError as e:
+                    return f"line {n} is not valid JSON ({e.msg}, column {e.colno})"
+                if not isinstance(obj, dict):
+                    return f"line {n} is not a JSON object"
+                rows += 1
+                for key, value in obj.items():
+                    kind = _JSON_KINDS.get(type(value), "null")
+                    first = kinds.get(key)
+                    if kind != "null" and (first is None or first[0] == "null"):
+                        kinds[key] = (kind, n)
+                    elif kind != "null" and kind != first[0]:
+                        return f"line {n}: {key!r} is a JSON {kind}, but a {first[0]} on line {first[1]}"
+                    elif first is None:
+                        kinds[key] = ("null", n)
+                pos = end
+                while pos < len(line) and line[pos].isspace():
+                    pos += 1
+    return "the file holds no rows" if not rows else None
 
 
 def _table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]:

@@ -77,8 +77,9 @@ def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: byt
         if tt.size != ids.size:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "token_type_ids and input_ids differ in length")
         types = spec.config.get("type_vocab_size")  # models without token types ignore them
-        if types is not None and tt.size and (int(tt.min()) < 0 or int(tt.max()) >= int(types)):
-            bad = int(tt[(tt < 0) | (tt >= int(types))][0])
+        types = None if types is None else max(int(types), 1)  # 0 means one type, as the BERT models read it
+        if types is not None and tt.size and (int(tt.min()) < 0 or int(tt.max()) >= types):
+            bad = int(tt[(tt < 0) | (tt >= types)][0])
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"token type id {bad} is outside the model's token types [0, {types})")
         tts = [tt[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -131,10 +132,6 @@ class InferenceService:
             self.check_open()
             seqs, tts = decode_request(request, self.spec)
             dims = self.check_dimensions(request.dimensions)
-            shortest = min(len(q) for q in seqs)
-            if request.pool_skip >= shortest:  # nothing left to pool: an all-zero vector
-                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"pool_skip {request.pool_skip} leaves no "
-                                   f"token to pool in a sequence of {shortest} tokens")
         except RequestError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises
