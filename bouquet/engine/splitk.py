@@ -31,7 +31,7 @@ import torch
 
 from bouquet.engine.fp8_rows import PartialRows
 
-MAX_TOKENS = 512  # above this the output has tiles enough for cuBLAS (measured: see plan_for)
+MAX_TOKENS = 512  # above this the output has tiles enough for cuBLAS: a guess until splitk_probe.py measures it
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
