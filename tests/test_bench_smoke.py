@@ -102,6 +102,17 @@ def test_gateway_tokens_bench_smoke(tmp_path: Path) -> None:
     assert res["gateway_over_engine"] > 0 and res["texts_per_request"] == 4
 
 
+def _cmdline(p: "psutil.Process") -> list[str]:  # noqa: F821 - psutil is imported by the test
+    """A child's command line, or [] when it exited between the listing and the read (CI: a
+    short-lived child of the bench raised NoSuchProcess here)."""
+    import psutil
+
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -> None:
     """A SIGTERM to `bouquet bench` alone (a job runner's stop) ends the run and the `bouquet serve`
@@ -129,7 +140,7 @@ def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -
         deadline = time.monotonic() + 120
         servers: list[psutil.Process] = []
         while time.monotonic() < deadline and proc.poll() is None:  # until the run's checks are done
-            servers = [c for c in bench.children(recursive=True) if "serve" in c.cmdline()]
+            servers = [c for c in bench.children(recursive=True) if "serve" in _cmdline(c)]
             if servers and servers[0].children(recursive=True) and any("checking against" in line for line in log):
                 break
             time.sleep(0.2)
@@ -142,7 +153,7 @@ def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -
         reader.join(10)
         assert sig == "SIGKILL" or not any("Traceback" in line for line in log), "".join(log)[-3000:]
         gone, alive = psutil.wait_procs(family, timeout=45)
-        assert not alive, [p.cmdline() for p in alive]
+        assert not alive, [_cmdline(p) for p in alive]
         left = set(Path(tempfile.gettempdir()).glob("bouquet-bench-*")) - before
         if sig == "SIGTERM":
             assert not left
