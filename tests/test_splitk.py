@@ -12,15 +12,17 @@ from bouquet.engine.ops import add_layer_norm, add_rms_norm
 from bouquet.engine.splitk import MAX_TOKENS, SplitPlan, plan_for, usable
 
 
-@pytest.mark.parametrize("T,N,K", [(1, 1024, 2048), (128, 1024, 2048), (128, 1024, 3072), (512, 1024, 3072),
-                                   (128, 768, 768), (16, 768, 3072), (128, 384, 1536)])
-def test_plans_tile_exactly_and_fill_about_one_wave(T: int, N: int, K: int) -> None:
+@pytest.mark.parametrize("T,N,K", [(1, 1024, 2048), (128, 1024, 2048), (128, 1024, 3072), (16, 1024, 3072),
+                                   (128, 768, 768), (16, 768, 3072), (128, 384, 1536), (64, 384, 384)])
+def test_plans_tile_exactly_with_k_ranges_of_192_columns_or_more(T: int, N: int, K: int) -> None:
     p = plan_for(T, N, K, 132)
     assert p is not None and p.fits(T, N, K) and p.parts >= 2
+    k_split = K // p.parts
+    assert k_split >= 192 and k_split % p.bk == 0, p
     programs = -(-T // p.bm) * (N // p.bn) * p.parts
-    assert programs <= 132 or p.parts == 2, (p, programs)  # at most one wave, unless the least split
-    # ... and the most split that stays within it: twice the parts would pass a wave or not tile K
-    assert programs * 2 > 132 or K % (p.parts * 2 * p.bk) != 0 or p.parts == 16, (p, programs)
+    assert programs <= 4 * 132, (p, programs)  # at most four waves
+    # ... and the most split the rule allows: twice the parts would pass a limit or not tile K
+    assert (K // (p.parts * 2) < 192 or K % (p.parts * 2) != 0 or programs * 2 > 4 * 132 or p.parts == 16), p
     assert p.smem_bytes() <= 227 * 1024  # Hopper's shared memory per block
 
 

@@ -10,7 +10,7 @@ Usage (GPU): python3 bench/probes/splitk_probe.py OUT.json [--models-root DIR] [
 2. ``pair``: the GEMM and the add + norm kernel that reads it (add_rms_norm for Qwen3, add_layer_norm
    for the encoders), cuBLAS + plain rows vs split-K + PartialRows, and the largest difference of
    the normed rows (bf16 ulps apart at most).
-3. ``engines``: batch-1 graph replays (128 and 512 tokens) of Qwen3-0.6B and bge-base built with
+3. ``engines``: batch-1 graph replays (``--lengths``, default 16–512 tokens) of Qwen3-0.6B and bge-base built with
    ``split_k`` off and on (random weights), and the largest |difference| of their outputs.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def pairs() -> dict:
         b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if has_bias else None
         rms = RMSNorm(N, 1e-6).cuda().to(torch.bfloat16)
         ln = torch.nn.LayerNorm(N, eps=1e-12).cuda().to(torch.bfloat16)
-        for T in (16, 128, 512):
+        for T in (16, 64, 128):
             x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
             res = torch.randn(T, N, device="cuda", generator=g).to(torch.bfloat16)
 
@@ -120,7 +120,7 @@ def pairs() -> dict:
     return R
 
 
-def engines(root: Path) -> dict:
+def engines(root: Path, lengths: tuple[int, ...] = (16, 32, 64, 128, 512)) -> dict:
     from bouquet.bench.models import SHAPES as MODEL_SHAPES, make_model_dir
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine
@@ -133,7 +133,7 @@ def engines(root: Path) -> dict:
         for split in (False, True, False, True):
             eng = Engine(spec, "cuda", "bfloat16", split_k=split)
             eng.warmup()
-            for L in (128, 512):
+            for L in lengths:
                 rng = np.random.default_rng(L)
                 batch = Batch.pack([rng.integers(1000, 30000, size=L, dtype=np.int32)])
                 for _ in range(3):
@@ -157,10 +157,11 @@ def main() -> None:
     ap.add_argument("--models-root", default="/tmp/bench-models")
     ap.add_argument("--quick", action="store_true", help="one tile width (64) in the sweep")
     ap.add_argument("--parts", default="gemm,pair,engines")
+    ap.add_argument("--lengths", default="16,32,64,128,512", help="engines: batch-1 lengths (tokens)")
     a = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     for part in a.parts.split(","):
-        res[part] = {"gemm": lambda: gemms(a.quick), "pair": pairs, "engines": lambda: engines(Path(a.models_root))}[part]()
+        res[part] = {"gemm": lambda: gemms(a.quick), "pair": pairs, "engines": lambda: engines(Path(a.models_root), tuple(int(n) for n in a.lengths.split(",")))}[part]()
         Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 

@@ -31,7 +31,7 @@ import torch
 
 from bouquet.engine.fp8_rows import PartialRows
 
-MAX_TOKENS = 512  # above this the output has tiles enough for cuBLAS: a guess until splitk_probe.py measures it
+MAX_TOKENS = 128  # above this cuBLAS, or a split-K GEMM whose reader gives its gain back (12-01e call 1, below)
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -61,15 +61,20 @@ class SplitPlan:
 def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
     """The split-K plan for T tokens through an [N, K] weight on a GPU of ``sms`` SMs, or None
     where cuBLAS is the better choice (more than MAX_TOKENS tokens, K too short to split, sizes
-    that do not tile). Parts are chosen so that output tiles × parts fill about one wave of SMs."""
+    that do not tile). Parts: K ranges of at least 192 columns, at most 16 parts and 4 waves of
+    ``sms`` programs."""
     if T > MAX_TOKENS or T < 1:
         return None
-    bm = 64 if T <= 64 else 128
-    bn, bk = 64, 128
-    tiles = -(-T // bm) * (N // bn)
+    # the fastest tiles of the 12-01e sweep (Qwen3-0.6B, bge-base, all-MiniLM-L6-v2 o / down, 16–128
+    # tokens): 64 × 32 output tiles and K ranges of 192–512 columns; fewer parts also mean less
+    # for the reader to add up
+    bm, bn = 64, 32
     parts = 1
-    while tiles * parts * 2 <= sms and K % (parts * 2 * bk) == 0 and parts < 16:
+    tiles = -(-T // bm) * -(-N // bn)
+    while K % (parts * 2) == 0 and K // (parts * 2) >= 192 and parts < 16 and tiles * parts * 2 <= 4 * sms:
         parts *= 2
+    k_split = K // parts
+    bk = 128 if k_split >= 256 and k_split % 128 == 0 else 64
     plan = SplitPlan(bm, bn, bk, parts)
     return plan if plan.fits(T, N, K) else None
 

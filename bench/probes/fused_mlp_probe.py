@@ -1,0 +1,179 @@
+"""Measure before building: the gated MLP's gate/up GEMM with SiLU · up in its epilogue (issue 14).
+
+Usage (GPU): python3 bench/probes/fused_mlp_probe.py OUT.json [--sizes 16,128,...] [--quick]
+
+What runs now for a decoder's MLP input x [T, h]: cuBLAS writes gate_up [T, 2i] (bf16), then
+``kernels.gated_act_kernel`` reads it back and writes SiLU(gate) · up [T, i]. At 16,384 tokens
+(Qwen3-0.6B) the GEMM takes ~280 µs per layer at ~735 TFLOP/s and the activation ~72 µs at ~4.2 TB/s
+(bench/results/h200-2026-12-01c, call 6): the pass moves 300 MB that a GEMM with the activation
+in its epilogue would not (it writes 100 MB instead of 200). Whether a Triton GEMM that computes the
+gate and up tiles of the same columns side by side (two fp32 accumulators, one shared x tile) keeps
+up with cuBLAS is what this times, for a sweep of tiles, against cuBLAS + the activation kernel,
+28 layers' distinct weights in one CUDA graph (as a forward pass meets them). Two loaders: plain
+pointer loads, and Hopper's TMA through host-side tensor descriptors.
+
+The epilogue rounds as the two-kernel path does (gate and up to the model dtype, the activation
+to the model dtype, then the product), so outputs differ only by the GEMMs' summation order.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+
+LAYERS = 28
+
+
+@triton.jit
+def _epilogue(acc_g, acc_u, out_ptr, rm, rn, M, I):
+    dt = out_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    mask = (rm[:, None] < M) & (rn[None, :] < I)
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * I + rn[None, :], (a * u).to(dt), mask=mask)
+
+
+@triton.jit
+def _tile(pid, M, I, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped order: GROUP_M row tiles share each weight tile while it is in L2
+    n_m = tl.cdiv(M, BM)
+    n_n = tl.cdiv(I, BN)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    size = tl.minimum(n_m - first_m, GROUP_M)
+    pm = first_m + (pid % per_group) % size
+    pn = (pid % per_group) // size
+    return pm, pn
+
+
+@triton.jit(do_not_specialize=["M"])
+def gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, I, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        GROUP_M: tl.constexpr):
+    # x [M, K], w [2I, K] (gate rows, then up rows), out [M, I] = SiLU(x·w_gᵀ) · (x·w_uᵀ)
+    pm, pn = _tile(tl.program_id(0), M, I, BM, BN, GROUP_M)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * K + rk[None, :]
+    g_ptrs = w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]  # [BK, BN] tile of w_gᵀ, contiguous along K
+    u_ptrs = g_ptrs + I.to(tl.int64) * K  # I: a runtime int32
+    in_m = rm[:, None] < M
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(K // BK):
+        x = tl.load(x_ptrs, mask=in_m, other=0.0)
+        acc_g = tl.dot(x, tl.load(g_ptrs), acc_g)
+        acc_u = tl.dot(x, tl.load(u_ptrs), acc_u)
+        x_ptrs += BK
+        g_ptrs += BK
+        u_ptrs += BK
+    _epilogue(acc_g, acc_u, out_ptr, rm, rn, M, I)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gate_up_silu_tma_kernel(x_desc, w_desc, out_ptr, M, I, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                            BK: tl.constexpr, GROUP_M: tl.constexpr):
+    pm, pn = _tile(tl.program_id(0), M, I, BM, BN, GROUP_M)
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        x = x_desc.load([pm * BM, k])
+        acc_g = tl.dot(x, w_desc.load([pn * BN, k]).T, acc_g)
+        acc_u = tl.dot(x, w_desc.load([I + pn * BN, k]).T, acc_u)
+    _epilogue(acc_g, acc_u, out_ptr, pm * BM + tl.arange(0, BM), pn * BN + tl.arange(0, BN), M, I)
+
+
+def fused(x: torch.Tensor, w: torch.Tensor, cfg: tuple, tma: bool) -> torch.Tensor:
+    bm, bn, bk, warps, stages, group = cfg
+    T, K = x.shape
+    I = w.shape[0] // 2
+    out = x.new_empty((T, I))
+    grid = (triton.cdiv(T, bm) * triton.cdiv(I, bn),)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        xd = TensorDescriptor.from_tensor(x, [bm, bk])
+        wd = TensorDescriptor.from_tensor(w, [bn, bk])
+        gate_up_silu_tma_kernel[grid](xd, wd, out, T, I, K, BM=bm, BN=bn, BK=bk, GROUP_M=group, num_warps=warps,
+                                      num_stages=stages)
+    else:
+        gate_up_silu_kernel[grid](x, w, out, T, I, K, BM=bm, BN=bn, BK=bk, GROUP_M=group, num_warps=warps,
+                                  num_stages=stages)
+    return out
+
+
+def graph_us(fn, n: int = LAYERS) -> float:  # type: ignore[no-untyped-def]
+    for i in range(n):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n):
+            fn(i)
+    return gpu_ms(g.replay, 10) / n * 1e3
+
+
+LARGE = [(128, 64, 64, 4, 4, 8), (128, 64, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8),
+         (64, 128, 64, 4, 4, 8), (256, 64, 64, 8, 3, 8), (128, 64, 128, 8, 3, 8), (128, 128, 64, 8, 3, 16)]
+SMALL = [(64, 32, 128, 4, 3, 1), (64, 64, 128, 4, 3, 1), (32, 32, 128, 4, 4, 1), (16, 64, 128, 4, 4, 1),
+         (64, 32, 64, 4, 4, 1), (16, 32, 256, 4, 3, 1)]
+
+
+def main() -> None:
+    from bouquet.engine.ops import silu_mul
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--sizes", default="16,128,512,2048,16384", help="tokens per step")
+    ap.add_argument("--shape", default="1024,3072", help="hidden,intermediate (Qwen3-0.6B)")
+    a = ap.parse_args()
+    h, i = (int(v) for v in a.shape.split(","))
+    R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "shape": [h, i]}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ws = [(torch.randn(2 * i, h, device="cuda", generator=g) * 0.03).to(torch.bfloat16) for _ in range(LAYERS)]
+    for T in (int(v) for v in a.sizes.split(",")):
+        x = torch.randn(T, h, device="cuda", generator=g).to(torch.bfloat16)
+        ref = silu_mul(F.linear(x, ws[0]))
+        row: dict = {"cublas_gemm": round(graph_us(lambda j: F.linear(x, ws[j])), 2)}
+        gu = F.linear(x, ws[0])
+        row["act"] = round(graph_us(lambda j: silu_mul(gu)), 2)
+        row["cublas_plus_act"] = round(graph_us(lambda j: silu_mul(F.linear(x, ws[j]))), 2)
+        flops = 2 * T * h * 2 * i
+        row["cublas_gemm_TFLOPs"] = round(flops / row["cublas_gemm"] / 1e6, 1)
+        best = None
+        for cfg, tma in itertools.product(SMALL if T <= 128 else LARGE, (False, True)):
+            name = f"{'tma ' if tma else ''}{'x'.join(map(str, cfg[:3]))}/w{cfg[3]}/s{cfg[4]}/g{cfg[5]}"
+            try:
+                err = (fused(x, ws[0], cfg, tma).float() - ref.float()).abs().max().item()
+                if err > 0.05:
+                    row.setdefault("bad", []).append(f"{name}: max|diff| {err:.3g}")
+                    continue
+                us = graph_us(lambda j: fused(x, ws[j], cfg, tma))
+            except Exception as e:  # noqa: BLE001 - tiles over shared memory, TMA unavailable: reported
+                row.setdefault("bad", []).append(f"{name}: {type(e).__name__} {str(e)[:120]}")
+                continue
+            row[name] = round(us, 2)
+            if best is None or us < best[1]:
+                best = (name, us, err)
+        if best is not None:
+            row["best"] = [best[0], round(best[1], 2), round(row["cublas_plus_act"] / best[1], 3),
+                           f"max|diff| {best[2]:.3g}", round(flops / best[1] / 1e6, 1)]
+        R[f"T{T}"] = row
+        print(T, {k: v for k, v in row.items() if not ("/" in k and isinstance(v, float))}, flush=True)
+        Path(a.out_json).write_text(json.dumps(R, indent=1))
+
+
+if __name__ == "__main__":
+    main()
