@@ -9,8 +9,8 @@ What runs now for a decoder's MLP input x [T, h]: cuBLAS writes gate_up [T, 2i] 
 in its epilogue would not (it writes 100 MB instead of 200). Whether a Triton GEMM that computes the
 gate and up tiles of the same columns side by side (two fp32 accumulators, one shared x tile) keeps
 up with cuBLAS is what this times, for a sweep of tiles, against cuBLAS + the activation kernel,
-28 layers' distinct weights in one CUDA graph (as a forward pass meets them). Two loaders: plain
-pointer loads, and Hopper's TMA through host-side tensor descriptors.
+28 layers' distinct weights in one CUDA graph (as a forward pass meets them). Three forms: plain
+pointer loads; Hopper's TMA through host-side tensor descriptors; TMA in a persistent kernel.
 
 The epilogue rounds as the two-kernel path does (gate and up to the model dtype, the activation
 to the model dtype, then the product), so outputs differ only by the GEMMs' summation order.
@@ -82,9 +82,18 @@ def gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, I, K: tl.constexpr, BM: tl.con
     _epilogue(acc_g, acc_u, out_ptr, rm, rn, M, I)
 
 
+@triton.jit
+def _act_mul(acc_g, acc_u, dt: tl.constexpr):
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    return (a * u).to(dt)
+
+
 @triton.jit(do_not_specialize=["M"])
-def gate_up_silu_tma_kernel(x_desc, w_desc, out_ptr, M, I, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def gate_up_silu_tma_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, GROUP_M: tl.constexpr):
+    # as gate_up_silu_kernel, loads and the store through TMA descriptors (rows past M clipped)
     pm, pn = _tile(tl.program_id(0), M, I, BM, BN, GROUP_M)
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
@@ -92,24 +101,46 @@ def gate_up_silu_tma_kernel(x_desc, w_desc, out_ptr, M, I, K: tl.constexpr, BM: 
         x = x_desc.load([pm * BM, k])
         acc_g = tl.dot(x, w_desc.load([pn * BN, k]).T, acc_g)
         acc_u = tl.dot(x, w_desc.load([I + pn * BN, k]).T, acc_u)
-    _epilogue(acc_g, acc_u, out_ptr, pm * BM + tl.arange(0, BM), pn * BN + tl.arange(0, BN), M, I)
+    o_desc.store([pm * BM, pn * BN], _act_mul(acc_g, acc_u, o_desc.dtype))
 
 
-def fused(x: torch.Tensor, w: torch.Tensor, cfg: tuple, tma: bool) -> torch.Tensor:
+@triton.jit(do_not_specialize=["M"])
+def gate_up_silu_persistent_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, BM: tl.constexpr,
+                                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                                   PROGRAMS: tl.constexpr):
+    # one program per SM walks the tiles (Triton's persistent-matmul form): the tile loop and the
+    # K loop flattened into one pipelined loop, so the next tile's loads overlap this one's epilogue
+    tiles = tl.cdiv(M, BM) * tl.cdiv(I, BN)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pm, pn = _tile(t, M, I, BM, BN, GROUP_M)
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K, BK):
+            x = x_desc.load([pm * BM, k])
+            acc_g = tl.dot(x, w_desc.load([pn * BN, k]).T, acc_g)
+            acc_u = tl.dot(x, w_desc.load([I + pn * BN, k]).T, acc_u)
+        o_desc.store([pm * BM, pn * BN], _act_mul(acc_g, acc_u, o_desc.dtype))
+
+
+def fused(x: torch.Tensor, w: torch.Tensor, cfg: tuple, mode: str) -> torch.Tensor:
+    """x [T, h] · w [2i, h] → SiLU(gate) · up [T, i]; ``mode``: "ptr", "tma" or "persistent"."""
     bm, bn, bk, warps, stages, group = cfg
     T, K = x.shape
     I = w.shape[0] // 2
     out = x.new_empty((T, I))
-    grid = (triton.cdiv(T, bm) * triton.cdiv(I, bn),)
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        xd = TensorDescriptor.from_tensor(x, [bm, bk])
-        wd = TensorDescriptor.from_tensor(w, [bn, bk])
-        gate_up_silu_tma_kernel[grid](xd, wd, out, T, I, K, BM=bm, BN=bn, BK=bk, GROUP_M=group, num_warps=warps,
-                                      num_stages=stages)
+    tiles = triton.cdiv(T, bm) * triton.cdiv(I, bn)
+    opts = dict(BM=bm, BN=bn, BK=bk, GROUP_M=group, num_warps=warps, num_stages=stages)
+    if mode == "ptr":
+        gate_up_silu_kernel[(tiles,)](x, w, out, T, I, K, **opts)
+        return out
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    xd, wd, od = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+                  TensorDescriptor.from_tensor(out, [bm, bn]))
+    if mode == "tma":
+        gate_up_silu_tma_kernel[(tiles,)](xd, wd, od, T, I, K, **opts)
     else:
-        gate_up_silu_kernel[grid](x, w, out, T, I, K, BM=bm, BN=bn, BK=bk, GROUP_M=group, num_warps=warps,
-                                  num_stages=stages)
+        programs = min(tiles, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        gate_up_silu_persistent_kernel[(programs,)](xd, wd, od, T, I, K, PROGRAMS=programs, **opts)
     return out
 
 
@@ -124,8 +155,8 @@ def graph_us(fn, n: int = LAYERS) -> float:  # type: ignore[no-untyped-def]
     return gpu_ms(g.replay, 10) / n * 1e3
 
 
-LARGE = [(128, 64, 64, 4, 4, 8), (128, 64, 64, 8, 4, 8), (128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8),
-         (64, 128, 64, 4, 4, 8), (256, 64, 64, 8, 3, 8), (128, 64, 128, 8, 3, 8), (128, 128, 64, 8, 3, 16)]
+LARGE = [(128, 64, 64, 4, 4, 8), (128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8), (128, 128, 64, 8, 3, 4),
+         (128, 128, 64, 8, 3, 16), (128, 128, 128, 8, 2, 8), (64, 128, 64, 4, 4, 8), (128, 64, 128, 8, 3, 8)]
 SMALL = [(64, 32, 128, 4, 3, 1), (64, 64, 128, 4, 3, 1), (32, 32, 128, 4, 4, 1), (16, 64, 128, 4, 4, 1),
          (64, 32, 64, 4, 4, 1), (16, 32, 256, 4, 3, 1)]
 
@@ -153,14 +184,14 @@ def main() -> None:
         flops = 2 * T * h * 2 * i
         row["cublas_gemm_TFLOPs"] = round(flops / row["cublas_gemm"] / 1e6, 1)
         best = None
-        for cfg, tma in itertools.product(SMALL if T <= 128 else LARGE, (False, True)):
-            name = f"{'tma ' if tma else ''}{'x'.join(map(str, cfg[:3]))}/w{cfg[3]}/s{cfg[4]}/g{cfg[5]}"
+        for cfg, mode in itertools.product(SMALL if T <= 128 else LARGE, ("ptr", "tma", "persistent")):
+            name = f"{mode} {'x'.join(map(str, cfg[:3]))}/w{cfg[3]}/s{cfg[4]}/g{cfg[5]}"
             try:
-                err = (fused(x, ws[0], cfg, tma).float() - ref.float()).abs().max().item()
+                err = (fused(x, ws[0], cfg, mode).float() - ref.float()).abs().max().item()
                 if err > 0.05:
                     row.setdefault("bad", []).append(f"{name}: max|diff| {err:.3g}")
                     continue
-                us = graph_us(lambda j: fused(x, ws[j], cfg, tma))
+                us = graph_us(lambda j: fused(x, ws[j], cfg, mode))
             except Exception as e:  # noqa: BLE001 - tiles over shared memory, TMA unavailable: reported
                 row.setdefault("bad", []).append(f"{name}: {type(e).__name__} {str(e)[:120]}")
                 continue

@@ -61,7 +61,7 @@ class SplitPlan:
 def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
     """The split-K plan for T tokens through an [N, K] weight on a GPU of ``sms`` SMs, or None
     where cuBLAS is the better choice (more than MAX_TOKENS tokens, K too short to split, sizes
-    that do not tile). Parts: K ranges of at least 192 columns, at most 16 parts and 4 waves of
+    that do not tile). Parts: K ranges of at least 192 columns, at most 16 parts and 3 waves of
     ``sms`` programs."""
     if T > MAX_TOKENS or T < 1:
         return None
@@ -71,7 +71,7 @@ def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
     bm, bn = 64, 32
     parts = 1
     tiles = -(-T // bm) * -(-N // bn)
-    while K % (parts * 2) == 0 and K // (parts * 2) >= 192 and parts < 16 and tiles * parts * 2 <= 4 * sms:
+    while K % (parts * 2) == 0 and K // (parts * 2) >= 192 and parts < 16 and tiles * parts * 2 <= 3 * sms:
         parts *= 2
     k_split = K // parts
     bk = 128 if k_split >= 256 and k_split % 128 == 0 else 64
