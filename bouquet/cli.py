@@ -191,7 +191,7 @@ def bench(
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
-                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-splitk, engine-fp8-splitk (the split-K GEMM for small steps, off by default) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-noop (bouquet serve --engine "
+                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (cuBLAS for the small steps that engine runs as split-K GEMMs: the baseline) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
     benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),

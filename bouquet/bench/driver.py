@@ -25,7 +25,7 @@ from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerPr
 
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5")  # bench/README.md
-SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-splitk", "engine-fp8-splitk", "grpc", "http", "http-fp8", "http-graph8192",
+SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-cublas", "engine-fp8-cublas", "grpc", "http", "http-fp8", "http-graph8192",
            "http-noop", "openai", "transformers")
 
 
@@ -99,7 +99,7 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
     if system.startswith("engine") and system in SYSTEMS:
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system.startswith("engine-fp8") else "none",
                             attention="varlen-flash" if system == "engine-fa2" else None,
-                            fp8_rowwise=system == "engine-fp8-rowwise", split_k=system.endswith("-splitk"))
+                            fp8_rowwise=system == "engine-fp8-rowwise", split_k=False if system.endswith("-cublas") else None)
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
     if system in ("grpc", "http", "http-noop", "http-fp8", "http-graph8192"):

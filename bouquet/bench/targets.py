@@ -55,10 +55,11 @@ class EngineTarget(Target):
     attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
     ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
     bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``split_k``: the
-    split-K Triton GEMM for the hidden-size projections of small steps (splitk.py; off by default)."""
+    split-K Triton GEMM for the hidden-size projections of small steps (splitk.py); None = the
+    engine's default (on for Hopper), False = cuBLAS, the baseline."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
-                 attention: str | None = None, fp8_rowwise: bool = False, split_k: bool = False) -> None:
+                 attention: str | None = None, fp8_rowwise: bool = False, split_k: bool | None = None) -> None:
         from bouquet.engine.engine import Engine, GraphOptions
         from bouquet.engine.quant import use_rowwise_scales
         from bouquet.modelspec import load_spec
@@ -72,7 +73,7 @@ class EngineTarget(Target):
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
             + ("-rowwise" if fp8_rowwise else "") + ("-fa2" if attention == "varlen-flash" else "") \
-            + ("-splitk" if split_k else "")
+            + ("-cublas" if split_k is False else "")
         self.tolerance = 0.01 if quantization == "fp8" else 1e-3
         self._lock = threading.Lock()
 

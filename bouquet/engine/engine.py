@@ -103,6 +103,8 @@ class Engine:
 
     ``state``: an in-memory checkpoint (Hugging Face names, tensors on any device) used instead
     of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
+    ``split_k``: the split-K GEMM for the hidden-size projections of steps up to
+    ``splitk.MAX_TOKENS`` tokens; None = on for CUDA devices of compute capability 9.0 or later.
     Implements ``contract.StepEngine``.
     """
 
@@ -111,7 +113,7 @@ class Engine:
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
-                 split_k: bool = False) -> None:
+                 split_k: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -134,8 +136,12 @@ class Engine:
         model = model.to(device=self.device, dtype=self.dtype).eval()
         model.fuse()
         self.model = model
-        # small model-dtype steps on CUDA: the hidden-size projections as split-K GEMMs (splitk.py);
-        # off by default until the H200 shows it faster inside whole replays (not yet measured)
+        # small model-dtype steps on CUDA: the hidden-size projections as split-K GEMMs (splitk.py).
+        # Default (None): on Hopper and later, where it was measured (H200, 16–128 tokens: batch-1
+        # replays 7–9% faster for Qwen3-0.6B and bge-base, bench/results/h200-2026-12-01e); its tiles
+        # are untested on other GPUs, whose shared memory and SM counts differ
+        if split_k is None:
+            split_k = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
         self.split_k = split_k and self.device.type == "cuda"
         for p in projections(model):
             p.split_k = p.split_k and self.split_k

@@ -10,17 +10,15 @@ output next anyway (``ops.add_rms_norm``, ``ops.add_layer_norm``) adds them up a
 (``fp8_rows.PartialRows``). The technique is the classic split-K / "sliced-K" decomposition of
 CUTLASS (``GemmSplitKParallel``) with the reduction moved into the consumer.
 
-What is known (bench/results/h200-2026-12-01, call 2: 28 layers' distinct weights in one graph,
-128 tokens): a split-K Triton GEMM that stores its parts took o 0.171 → 0.128 ms and down 0.227 →
-0.148 ms per 28 calls against cuBLAS, while a separate reduction kernel (0.182 / 0.203) or a
-last-program reduction behind a GPU-scope fence (whole replay 1.30 → 1.40 ms) gave it back. What
-summing in the reader costs is what ``splitk_probe.py`` measures.
+What was measured (H200): a split-K GEMM whose parts a separate reduction kernel, or a fenced
+last program, adds up gave its gain back (bench/results/h200-2026-12-01, call 2); summed in the
+reader instead, with the tiles of ``plan_for``, batch-1 graph replays of 16–128 tokens run 7–9%
+faster (Qwen3-0.6B 1.11 → 1.01 ms at 16 tokens, 1.22 → 1.13 at 128; bge-base 0.40 → 0.37 and
+0.44 → 0.41; bench/results/h200-2026-12-01e). At 512 tokens the GEMM alone loses to cuBLAS.
 
 What this module does not own: which projections may return parts (the models say so through
 ``quant.Projection(split_k=True)``: only those whose every reader is an add + norm kernel) or
-whether the engine uses it at all (``Engine(split_k=True)``; off by default: written in a session
-without device time, so not yet timed inside whole replays — bench/probes/splitk_probe.py and
-tests/test_gpu_splitk.py are ready for that).
+whether the engine uses it (``Engine(split_k=...)``: by default on Hopper and later GPUs).
 """
 from __future__ import annotations
 
