@@ -11,7 +11,8 @@ Usage (GPU): python3 bench/probes/splitk_probe.py OUT.json [--models-root DIR] [
    for the encoders), cuBLAS + plain rows vs split-K + PartialRows, and the largest difference of
    the normed rows (bf16 ulps apart at most).
 3. ``engines``: batch-1 graph replays (``--lengths``, default 16–512 tokens) of Qwen3-0.6B and bge-base built with
-   ``split_k`` off and on (random weights), and the largest |difference| of their outputs.
+   ``split_k`` off and on, twice each in turn (random weights): GPU ms per replay, the p50 of
+   ``step().wait()`` end to end, and the cosine of their outputs.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import argparse
 import itertools
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +133,7 @@ def engines(root: Path, lengths: tuple[int, ...] = (16, 32, 64, 128, 512)) -> di
         spec = load_spec(str(make_model_dir(MODEL_SHAPES[name], root)))
         outs: dict = {}
         for split in (False, True, False, True):
-            eng = Engine(spec, "cuda", "bfloat16", split_k=split)
+            eng = Engine(spec, "cuda", "bfloat16", split_k=split, spin_wait=True)  # as the bench's engine
             eng.warmup()
             for L in lengths:
                 rng = np.random.default_rng(L)
@@ -142,6 +144,13 @@ def engines(root: Path, lengths: tuple[int, ...] = (16, 32, 64, 128, 512)) -> di
                 gr = next(v for bk, v in eng.graphs.lazy.graphs.items() if bk.seqs == 1 and bk.tokens >= L)
                 R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append(["splitk" if split else "cublas",
                                                                       round(gpu_ms(gr.graph.replay, 200), 4)])
+                took = []
+                for _ in range(400):  # end to end as a caller sees it: pack, copy in, replay, copy out
+                    t0 = time.perf_counter()
+                    eng.step(batch).wait()
+                    took.append(time.perf_counter() - t0)
+                R.setdefault(f"{name}/b1_L{L}_step_p50_ms", []).append(
+                    ["splitk" if split else "cublas", round(float(np.median(took[50:])) * 1e3, 4)])
             del eng
             torch.cuda.empty_cache()
         for L, o in outs.items():
