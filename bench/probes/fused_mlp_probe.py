@@ -1,6 +1,7 @@
 """Measure before building: the gated MLP's gate/up GEMM with SiLU · up in its epilogue (issue 14).
 
-Usage (GPU): python3 bench/probes/fused_mlp_probe.py OUT.json [--sizes 16,128,...] [--quick]
+Usage (GPU): python3 bench/probes/fused_mlp_probe.py OUT.json [--sizes 16,128,...] [--shape h,i]
+    [--engines qwen3-0.6b,embeddinggemma-300m]
 
 What runs now for a decoder's MLP input x [T, h]: cuBLAS writes gate_up [T, 2i] (bf16), then
 ``kernels.gated_act_kernel`` reads it back and writes SiLU(gate) · up [T, i]. At 16,384 tokens
@@ -14,6 +15,8 @@ pointer loads; Hopper's TMA through host-side tensor descriptors; TMA in a persi
 
 The epilogue rounds as the two-kernel path does (gate and up to the model dtype, the activation
 to the model dtype, then the product), so outputs differ only by the GEMMs' summation order.
+``engine_kernel``: the engine's kernel (bouquet/engine/gated_gemm.py). ``--engines``: whole steps
+with it off and on, in one process.
 """
 from __future__ import annotations
 
@@ -168,6 +171,8 @@ def main() -> None:
     ap.add_argument("out_json")
     ap.add_argument("--sizes", default="16,128,512,2048,16384", help="tokens per step")
     ap.add_argument("--shape", default="1024,3072", help="hidden,intermediate (Qwen3-0.6B)")
+    ap.add_argument("--engines", default="", help="whole-step A/B for these bench shapes (qwen3-0.6b,embeddinggemma-300m)")
+    ap.add_argument("--models-root", default="/tmp/bench-models")
     a = ap.parse_args()
     h, i = (int(v) for v in a.shape.split(","))
     R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -198,12 +203,59 @@ def main() -> None:
             row[name] = round(us, 2)
             if best is None or us < best[1]:
                 best = (name, us, err)
+        from bouquet.engine.gated_gemm import gate_up_act
+        if gate_up_act(x, ws[0], "silu") is not None:  # the engine's kernel (gated_gemm.py), its own tiles
+            row["engine_kernel"] = round(graph_us(lambda j: gate_up_act(x, ws[j], "silu")), 2)
         if best is not None:
             row["best"] = [best[0], round(best[1], 2), round(row["cublas_plus_act"] / best[1], 3),
                            f"max|diff| {best[2]:.3g}", round(flops / best[1] / 1e6, 1)]
         R[f"T{T}"] = row
         print(T, {k: v for k, v in row.items() if not ("/" in k and isinstance(v, float))}, flush=True)
         Path(a.out_json).write_text(json.dumps(R, indent=1))
+    if a.engines:
+        R["engines"] = engines(Path(a.models_root), a.engines.split(","))
+        Path(a.out_json).write_text(json.dumps(R, indent=1))
+
+
+def engines(root: Path, names: list[str]) -> dict:
+    """Whole steps, the engine with ``gated_gemm`` off and on, twice each in turn in this process
+    (random full-size weights): ms per step (graph replays where captured; GPU-bound at these sizes)."""
+    import time
+
+    import numpy as np
+
+    from bouquet.bench.models import SHAPES as MODEL_SHAPES, make_model_dir
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine
+    from bouquet.modelspec import load_spec
+
+    R: dict = {}
+    rng = np.random.default_rng(0)
+    cases = {"32x512": [512] * 32, "8x256": [256] * 8, "mixed_16-512": list(rng.integers(16, 513, size=60))}
+    batches = {case: Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
+               for case, lengths in cases.items()}  # the same tokens for every engine
+    for name in names:
+        spec = load_spec(str(make_model_dir(MODEL_SHAPES[name], root)))
+        outs: dict = {}
+        for on in (False, True, False, True):
+            eng = Engine(spec, "cuda", "bfloat16", gated_gemm=on)
+            for case, batch in batches.items():
+                for _ in range(3):  # eager, capture, replay
+                    out = eng.step(batch).wait()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    eng.step(batch).wait()
+                R.setdefault(f"{name}/{case}_ms", []).append(["fused" if on else "cublas",
+                                                              round((time.perf_counter() - t0) / 20 * 1e3, 3)])
+                outs.setdefault(case, {})[on] = out
+            del eng
+            torch.cuda.empty_cache()
+        for case, o in outs.items():
+            a, c = np.asarray(o[False], dtype=np.float64), np.asarray(o[True], dtype=np.float64)
+            R[f"{name}/{case}_min_cosine"] = float(((a * c).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(c, axis=1)).min())
+        print(name, json.dumps({k: v for k, v in R.items() if k.startswith(name)}), flush=True)
+    return R
 
 
 if __name__ == "__main__":

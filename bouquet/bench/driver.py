@@ -99,7 +99,7 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
     if system.startswith("engine") and system in SYSTEMS:
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system.startswith("engine-fp8") else "none",
                             attention="varlen-flash" if system == "engine-fa2" else None,
-                            fp8_rowwise=system == "engine-fp8-rowwise", split_k=False if system.endswith("-cublas") else None)
+                            fp8_rowwise=system == "engine-fp8-rowwise", cublas=system.endswith("-cublas"))
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
     if system in ("grpc", "http", "http-noop", "http-fp8", "http-graph8192"):

@@ -54,26 +54,27 @@ class EngineTarget(Target):
     cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
     attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
     ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
-    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``split_k``: the
-    split-K Triton GEMM for the hidden-size projections of small steps (splitk.py); None = the
-    engine's default (on for Hopper), False = cuBLAS, the baseline."""
+    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``cublas``: every
+    GEMM by cuBLAS, none of the engine's Triton GEMMs (the split-K GEMM of small steps, splitk.py;
+    the gated MLP's gate/up + activation of large ones, gated_gemm.py): their baseline."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
-                 attention: str | None = None, fp8_rowwise: bool = False, split_k: bool | None = None) -> None:
+                 attention: str | None = None, fp8_rowwise: bool = False, cublas: bool = False) -> None:
         from bouquet.engine.engine import Engine, GraphOptions
         from bouquet.engine.quant import use_rowwise_scales
         from bouquet.modelspec import load_spec
 
         self.spec = load_spec(str(model_dir))
         self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
-                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0, split_k=split_k)
+                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0,
+                             **(dict(split_k=False, gated_gemm=False) if cublas else {}))
         if fp8_rowwise:
             use_rowwise_scales(self.engine.model, 1024)
         self.engine.warmup()
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
             + ("-rowwise" if fp8_rowwise else "") + ("-fa2" if attention == "varlen-flash" else "") \
-            + ("-cublas" if split_k is False else "")
+            + ("-cublas" if cublas else "")
         self.tolerance = 0.01 if quantization == "fp8" else 1e-3
         self._lock = threading.Lock()
 

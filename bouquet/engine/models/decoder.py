@@ -37,6 +37,7 @@ from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
 from bouquet.engine.fp8_rows import QRows, ScaledRows
+from bouquet.engine.gated_gemm import gate_up_act
 from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
 from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
@@ -152,6 +153,8 @@ class DecoderMLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
         self.act_mul = gelu_tanh_mul if f.gelu else silu_mul
+        self.act = "gelu_tanh" if f.gelu else "silu"
+        self.gated_gemm = False  # the engine's choice (Engine(gated_gemm=...)): gate/up + act as one GEMM
 
     def fuse(self) -> None:
         # deferred fp8 scales (quant.py): gate_up is read by the gated activation only, down by the
@@ -162,8 +165,14 @@ class DecoderMLP(nn.Module):
 
     def forward(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
         """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden] (ScaledRows when down runs
-        in fp8); the activation kernel writes fp8 rows when down runs in fp8."""
-        return self.down(self.act_mul(self.gate_up(x), self.down.use_fp8(x.shape[0])))  # gate_up [T, 2i]
+        in fp8); the activation kernel writes fp8 rows when down runs in fp8. Large bf16/fp16 steps
+        with ``gated_gemm``: the activation in gate/up's GEMM epilogue (gated_gemm.py)."""
+        fp8_down = self.down.use_fp8(x.shape[0])
+        if self.gated_gemm and not fp8_down and isinstance(x, torch.Tensor):
+            h = gate_up_act(x, self.gate_up.weight, self.act)  # None where it does not apply
+            if h is not None:
+                return self.down(h)
+        return self.down(self.act_mul(self.gate_up(x), fp8_down))  # gate_up [T, 2i]
 
 
 class DecoderLayer(nn.Module):

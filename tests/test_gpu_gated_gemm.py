@@ -1,0 +1,87 @@
+"""The gated MLP's gate/up GEMM with the activation in its epilogue (gated_gemm.py) on the GPU:
+the kernel against cuBLAS + the activation kernel, where it applies, and whole engines with it
+on and off (eager, capture, replay) for the two activations (Qwen3: SiLU, EmbeddingGemma: tanh-GELU)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                                reason="needs a Hopper GPU (TMA)")
+
+
+@pytest.mark.parametrize("T,h,i,act", [(2048, 1024, 3072, "silu"), (2049, 1024, 3072, "silu"),
+                                       (16384, 1024, 3072, "silu"), (3000, 768, 1152, "gelu_tanh"),
+                                       (2048, 768, 1000, "silu")])  # 1,000 columns: a clipped last tile
+def test_kernel_equals_gemm_then_activation(T: int, h: int, i: int, act: str) -> None:
+    from bouquet.engine.gated_gemm import gate_up_act
+    from bouquet.engine.ops import gelu_tanh_mul, silu_mul
+
+    g = torch.Generator(device="cuda").manual_seed(T)
+    x = torch.randn(T, h, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(2 * i, h, device="cuda", generator=g) * 0.03).to(torch.bfloat16)
+    got = gate_up_act(x, w, act)
+    assert got is not None and got.shape == (T, i) and got.dtype == torch.bfloat16
+    want = (silu_mul if act == "silu" else gelu_tanh_mul)(F.linear(x, w))
+    # the GEMMs sum in another order: gate or up one bf16 rounding apart now and then
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert (got.float() - want.float()).abs().mean() < 2e-3
+    exact = (silu_mul if act == "silu" else gelu_tanh_mul)((x.double() @ w.double().t()).to(torch.bfloat16))
+    assert (got.float() - exact.float()).abs().mean() <= (want.float() - exact.float()).abs().mean() * 1.5 + 1e-4
+
+
+def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
+    from bouquet.engine.gated_gemm import MIN_TOKENS, gate_up_act, usable
+
+    w = torch.randn(2 * 3072, 1024, device="cuda", dtype=torch.bfloat16)
+    assert usable(torch.randn(MIN_TOKENS, 1024, device="cuda", dtype=torch.bfloat16), w, "silu")
+    assert not usable(torch.randn(MIN_TOKENS - 1, 1024, device="cuda", dtype=torch.bfloat16), w, "silu")
+    assert not usable(torch.randn(MIN_TOKENS, 1024, device="cuda"), w.float(), "silu")  # fp32
+    assert not usable(torch.randn(MIN_TOKENS, 1024, dtype=torch.bfloat16), w.cpu(), "silu")  # CPU
+    assert not usable(torch.randn(MIN_TOKENS, 1024, device="cuda", dtype=torch.bfloat16), w, "gelu")  # no such epilogue
+    strided = torch.randn(MIN_TOKENS, 2048, device="cuda", dtype=torch.bfloat16)[:, :1024]
+    assert gate_up_act(strided, w, "silu") is None  # not contiguous: the caller's two kernels run
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "embeddinggemma-300m"])
+def test_engine_with_gated_gemm_equals_engine_without(tmp_path: Path, shape: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine import gated_gemm
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.models import decoder
+    from bouquet.modelspec import load_spec
+    from tests.test_gpu_fastpath import _tokenizer
+
+    s = SHAPES[shape]  # full width, two layers, a short vocabulary
+    s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
+    spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
+    graphs = GraphOptions(debug=True)
+    plain = Engine(spec, "cuda", graphs=graphs, gated_gemm=False)
+    fused = Engine(spec, "cuda", graphs=graphs, gated_gemm=True)
+    assert fused.gated_gemm and not plain.gated_gemm
+    ran: list[bool] = []
+    real = gated_gemm.gate_up_act
+
+    def spy(*args: object) -> "torch.Tensor | None":
+        out = real(*args)  # type: ignore[arg-type]
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decoder, "gate_up_act", spy)
+    rng = np.random.default_rng(0)
+    for lengths in ([512] * 4, [2048], [300, 700, 1100, 12], [512] * 8):
+        batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
+        for _ in range(3):  # eager, capture, replay
+            want = plain.step(batch).wait()
+            got = fused.step(batch).wait()
+            cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+            assert cos.min() > 0.9999, (lengths, cos.min())
+            np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    assert any(ran)  # the kernel did run (every batch here has ≥ MIN_TOKENS tokens)
