@@ -12,7 +12,7 @@
 #   host   bench/probes/host_step_probe.py: eager launch time vs GPU time of 16k-token steps, graphs to 16,384;
 #   blas   bench/probes/blas_probe.py: cuBLAS vs cuBLASLt for the bf16 linears at small M, and batch-1 replays.
 #   splitk bench/probes/splitk_probe.py: split-K Triton GEMM vs cuBLAS at batch 1 (plans, with the norm reader, engines); SPLITK_ARGS.
-#   fmlp   bench/probes/fused_mlp_probe.py: gate/up GEMM with SiLU · up in its epilogue (Triton) vs cuBLAS + the activation; FMLP_ARGS.
+#   fmlp   bench/probes/fused_gemms_probe.py: Triton GEMMs with fused epilogues vs cuBLAS + the elementwise kernel; FMLP_ARGS.
 # TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
 # accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
@@ -89,7 +89,7 @@ if has splitk; then
   bundle
 fi
 if has fmlp; then
-  timeout 300 python3 bench/probes/fused_mlp_probe.py "$R/fused_mlp.json" ${FMLP_ARGS:-} > "$R/fused_mlp.log" 2>&1
-  tail -n 12 "$R/fused_mlp.log"
+  timeout 300 python3 bench/probes/fused_gemms_probe.py "$R/fused_gemms.json" ${FMLP_ARGS:-} > "$R/fused_gemms.log" 2>&1
+  tail -n 14 "$R/fused_gemms.log"
   bundle
 fi

@@ -9,7 +9,7 @@ set -u
 R="$OUT/r"; mkdir -p "$R"; M=/tmp/bench-models
 bundle() { tar czf "$OUT/r.tgz" -C "$OUT" r; }
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_gpu_splitk.py tests/test_gpu_gated_gemm.py \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_gpu_splitk.py tests/test_gpu_fused_gemms.py \
     tests/test_gpu_fastpath.py tests/test_gpu_fp8.py} > "$R/gpu-tests.txt" 2>&1
   tail -3 "$R/gpu-tests.txt"; bundle
 fi

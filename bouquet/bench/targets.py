@@ -56,7 +56,7 @@ class EngineTarget(Target):
     ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
     bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``cublas``: every
     GEMM by cuBLAS, none of the engine's Triton GEMMs (the split-K GEMM of small steps, splitk.py;
-    the gated MLP's gate/up + activation of large ones, gated_gemm.py): their baseline."""
+    the fused-epilogue GEMMs of large ones, fused_gemms.py): their baseline."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
                  attention: str | None = None, fp8_rowwise: bool = False, cublas: bool = False) -> None:
@@ -67,7 +67,7 @@ class EngineTarget(Target):
         self.spec = load_spec(str(model_dir))
         self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
                              spin_wait=True, quantization=quantization, fp8_min_cosine=0.0,
-                             **(dict(split_k=False, gated_gemm=False) if cublas else {}))
+                             **(dict(split_k=False, fused_gemms=False) if cublas else {}))
         if fp8_rowwise:
             use_rowwise_scales(self.engine.model, 1024)
         self.engine.warmup()

@@ -31,7 +31,7 @@ from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
-from bouquet.engine.gated_gemm import MIN_TOKENS as GATED_GEMM_MIN_TOKENS
+from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS
 from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
@@ -106,8 +106,9 @@ class Engine:
     of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
     ``split_k``: the split-K GEMM for the hidden-size projections of steps up to
     ``splitk.MAX_TOKENS`` tokens; None = on for CUDA devices of compute capability 9.0 or later.
-    ``gated_gemm``: gated MLPs' gate/up GEMM with the activation in its epilogue for steps of at
-    least ``gated_gemm.MIN_TOKENS`` tokens; None = on for the same devices.
+    ``fused_gemms``: decoders' Triton GEMMs with fused epilogues (gate/up + activation, qkv + q/k
+    norm + rotary) for steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the
+    same devices.
     Implements ``contract.StepEngine``.
     """
 
@@ -116,7 +117,7 @@ class Engine:
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
-                 split_k: bool | None = None, gated_gemm: bool | None = None) -> None:
+                 split_k: bool | None = None, fused_gemms: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -148,14 +149,14 @@ class Engine:
         self.split_k = split_k and self.device.type == "cuda"
         for p in projections(model):
             p.split_k = p.split_k and self.split_k
-        # large steps of gated MLPs: gate/up with the activation in its epilogue (gated_gemm.py);
+        # large decoder steps: GEMMs with the next elementwise pass in their epilogue (fused_gemms.py);
         # by default where measured faster (H200, from 2,048 tokens) and TMA exists (Hopper)
-        if gated_gemm is None:
-            gated_gemm = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
-        self.gated_gemm = gated_gemm and self.device.type == "cuda"
+        if fused_gemms is None:
+            fused_gemms = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
+        self.fused_gemms = fused_gemms and self.device.type == "cuda"
         for m in model.modules():
-            if hasattr(m, "gated_gemm"):  # the gated MLPs (models/decoder.py: DecoderMLP)
-                m.gated_gemm = self.gated_gemm
+            if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderAttention, DecoderMLP
+                m.fused_gemms = self.fused_gemms
         self.causal = bool(model.causal)
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
         heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
@@ -193,10 +194,10 @@ class Engine:
         if self.device.type == "cuda":
             log.info("engine: attention output / MLP down projections of steps up to %d tokens: %s", MAX_SPLITK_TOKENS,
                      "split-K Triton GEMM (the add + norm kernel sums the parts)" if self.split_k else "cuBLAS")
-            if any(hasattr(m, "gated_gemm") for m in model.modules()):
-                log.info("engine: gated MLP of steps from %d tokens: %s", GATED_GEMM_MIN_TOKENS,
-                         "gate/up GEMM with the activation in its epilogue (Triton)" if self.gated_gemm
-                         else "cuBLAS gate/up, then the activation kernel")
+            if any(hasattr(m, "fused_gemms") for m in model.modules()):
+                log.info("engine: qkv and gate/up projections of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
+                         "Triton GEMMs with q/k norm + rotary and the activation in their epilogues" if self.fused_gemms
+                         else "cuBLAS, then the q/k norm + rotary and activation kernels")
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32

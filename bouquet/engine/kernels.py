@@ -331,29 +331,3 @@ def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.con
         b_ptrs += BK
     tl.store(out_ptr + pid_s.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=in_m)
 
-
-@triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel per model shape
-def gate_up_act_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    # Program t: the [BM, BN] tile (pm, pn) of act(x·w_gᵀ) · (x·w_uᵀ), w = [gate rows; up rows] [2I, K]:
-    # the gate and up tiles of the same columns share each x tile (two fp32 accumulators). Loads and
-    # the store go through TMA descriptors (rows past M, columns past I: zero-filled / clipped).
-    # Grouped order: GROUP_M row tiles take each weight tile in turn while it is in L2.
-    pid = tl.program_id(0)
-    n_n = tl.cdiv(I, BN)
-    per_group = GROUP_M * n_n
-    first = (pid // per_group) * GROUP_M
-    size = tl.minimum(tl.cdiv(M, BM) - first, GROUP_M)
-    pm = first + (pid % per_group) % size
-    pn = (pid % per_group) // size
-    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, K, BK):
-        x = x_desc.load([pm * BM, k])
-        acc_g = tl.dot(x, w_desc.load([pn * BN, k]).T, acc_g)
-        acc_u = tl.dot(x, w_desc.load([I + pn * BN, k]).T, acc_u)
-    dt = o_desc.dtype
-    g = acc_g.to(dt).to(tl.float32)  # gate and up rounded as the GEMM writes them, the activation
-    u = acc_u.to(dt).to(tl.float32)  # as HF rounds it (gated_act_kernel's rounding)
-    a = _act(g, ACT).to(dt).to(tl.float32)
-    o_desc.store([pm * BM, pn * BN], (a * u).to(dt))

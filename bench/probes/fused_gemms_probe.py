@@ -1,7 +1,11 @@
-"""Measure before building: the gated MLP's gate/up GEMM with SiLU · up in its epilogue (issue 14).
+"""Measure before building: Triton GEMMs with fused epilogues (issue 14; bouquet/engine/fused_gemms.py).
 
-Usage (GPU): python3 bench/probes/fused_mlp_probe.py OUT.json [--sizes 16,128,...] [--shape h,i]
-    [--engines qwen3-0.6b,embeddinggemma-300m]
+The gated MLP's gate/up GEMM with SiLU · up in its epilogue (below), and with ``--qkv`` the
+attention's qkv GEMM with q/k RMSNorm + rotary in its epilogue against cuBLAS + qk_norm_rope.
+
+
+Usage (GPU): python3 bench/probes/fused_gemms_probe.py OUT.json [--sizes 16,128,...] [--shape h,i]
+    [--qkv 2048,16384] [--engines qwen3-0.6b,embeddinggemma-300m]
 
 What runs now for a decoder's MLP input x [T, h]: cuBLAS writes gate_up [T, 2i] (bf16), then
 ``kernels.gated_act_kernel`` reads it back and writes SiLU(gate) · up [T, i]. At 16,384 tokens
@@ -15,7 +19,7 @@ pointer loads; Hopper's TMA through host-side tensor descriptors; TMA in a persi
 
 The epilogue rounds as the two-kernel path does (gate and up to the model dtype, the activation
 to the model dtype, then the product), so outputs differ only by the GEMMs' summation order.
-``engine_kernel``: the engine's kernel (bouquet/engine/gated_gemm.py). ``--engines``: whole steps
+``engine_kernel``: the engine's kernel (bouquet/engine/fused_gemms.py). ``--engines``: whole steps
 with it off and on, in one process.
 """
 from __future__ import annotations
@@ -173,6 +177,7 @@ def main() -> None:
     ap.add_argument("--shape", default="1024,3072", help="hidden,intermediate (Qwen3-0.6B)")
     ap.add_argument("--engines", default="", help="whole-step A/B for these bench shapes (qwen3-0.6b,embeddinggemma-300m)")
     ap.add_argument("--models-root", default="/tmp/bench-models")
+    ap.add_argument("--qkv", default="", help="tokens per step for the qkv + q/k norm + rotary sweep (e.g. 2048,16384)")
     a = ap.parse_args()
     h, i = (int(v) for v in a.shape.split(","))
     R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -203,8 +208,8 @@ def main() -> None:
             row[name] = round(us, 2)
             if best is None or us < best[1]:
                 best = (name, us, err)
-        from bouquet.engine.gated_gemm import gate_up_act
-        if gate_up_act(x, ws[0], "silu") is not None:  # the engine's kernel (gated_gemm.py), its own tiles
+        from bouquet.engine.fused_gemms import gate_up_act
+        if gate_up_act(x, ws[0], "silu") is not None:  # the engine's kernel (fused_gemms.py), its own tiles
             row["engine_kernel"] = round(graph_us(lambda j: gate_up_act(x, ws[j], "silu")), 2)
         if best is not None:
             row["best"] = [best[0], round(best[1], 2), round(row["cublas_plus_act"] / best[1], 3),
@@ -212,13 +217,64 @@ def main() -> None:
         R[f"T{T}"] = row
         print(T, {k: v for k, v in row.items() if not ("/" in k and isinstance(v, float))}, flush=True)
         Path(a.out_json).write_text(json.dumps(R, indent=1))
+    if a.qkv:
+        R["qkv"] = qkv_part([int(v) for v in a.qkv.split(",")])
+        Path(a.out_json).write_text(json.dumps(R, indent=1))
     if a.engines:
         R["engines"] = engines(Path(a.models_root), a.engines.split(","))
         Path(a.out_json).write_text(json.dumps(R, indent=1))
 
 
+QKV_TILES = [dict(BM=bm, BK=bk, num_warps=w, num_stages=st) for bm, bk, w, st in
+             ((128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 2), (256, 64, 8, 3),
+              (64, 128, 4, 3))]
+
+
+def qkv_part(sizes: list[int]) -> dict:
+    """Qwen3-0.6B's qkv (16 q / 8 kv heads × 128, hidden 1,024, q/k norm): cuBLAS + qk_norm_rope vs
+    fused_gemms.qkv_rope over QKV_TILES, µs per layer (28 layers' weights in one graph)."""
+    from bouquet.engine.fused_gemms import qkv_rope
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import qk_norm_rope, rope_tables
+
+    R: dict = {}
+    g = torch.Generator(device="cuda").manual_seed(1)
+    nq, nkv, D, h = 16, 8, 128, 1024
+    ws = [(torch.randn((nq + 2 * nkv) * D, h, device="cuda", generator=g) * 0.03).to(torch.bfloat16) for _ in range(LAYERS)]
+    qn, kn = RMSNorm(D, 1e-6).cuda().to(torch.bfloat16), RMSNorm(D, 1e-6).cuda().to(torch.bfloat16)
+    qkw = torch.stack((qn.weight.detach(), kn.weight.detach()))
+    for T in sizes:
+        x = torch.randn(T, h, device="cuda", generator=g).to(torch.bfloat16)
+        cos, sin = rope_tables(torch.arange(T, device="cuda") % 512, D, 1e6)
+        ref = qk_norm_rope(F.linear(x, ws[0]), qn, kn, cos, sin, nq, nkv, D, qkw)
+        row: dict = {"cublas_gemm": round(graph_us(lambda j: F.linear(x, ws[j])), 2)}
+        row["cublas_plus_qk_norm_rope"] = round(graph_us(
+            lambda j: qk_norm_rope(F.linear(x, ws[j]), qn, kn, cos, sin, nq, nkv, D, qkw)), 2)
+        for t in QKV_TILES:
+            name = f"{t['BM']}x{t['BK']}/w{t['num_warps']}/s{t['num_stages']}"
+            try:
+                out = qkv_rope(x, ws[0], None, qn, qkw, cos, sin, nq, nkv, D, tile=t)
+                if out is None:
+                    row.setdefault("bad", []).append(f"{name}: not usable")
+                    continue
+                err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
+                if err > 0.1:
+                    row.setdefault("bad", []).append(f"{name}: max|diff| {err:.3g}")
+                    continue
+                row[name] = round(graph_us(lambda j: qkv_rope(x, ws[j], None, qn, qkw, cos, sin, nq, nkv, D, tile=t)), 2)
+            except Exception as e:  # noqa: BLE001 - tiles over shared memory: reported
+                row.setdefault("bad", []).append(f"{name}: {type(e).__name__} {str(e)[:120]}")
+        tiles = {k: v for k, v in row.items() if "/" in k}
+        if tiles:
+            best = min(tiles, key=tiles.get)
+            row["best"] = [best, tiles[best], round(row["cublas_plus_qk_norm_rope"] / tiles[best], 3)]
+        R[f"T{T}"] = row
+        print("qkv", T, {k: v for k, v in row.items() if "/" not in k}, flush=True)
+    return R
+
+
 def engines(root: Path, names: list[str]) -> dict:
-    """Whole steps, the engine with ``gated_gemm`` off and on, twice each in turn in this process
+    """Whole steps, the engine with ``fused_gemms`` off and on, twice each in turn in this process
     (random full-size weights): ms per step (graph replays where captured; GPU-bound at these sizes)."""
     import time
 
@@ -238,7 +294,7 @@ def engines(root: Path, names: list[str]) -> dict:
         spec = load_spec(str(make_model_dir(MODEL_SHAPES[name], root)))
         outs: dict = {}
         for on in (False, True, False, True):
-            eng = Engine(spec, "cuda", "bfloat16", gated_gemm=on)
+            eng = Engine(spec, "cuda", "bfloat16", fused_gemms=on)
             for case, batch in batches.items():
                 for _ in range(3):  # eager, capture, replay
                     out = eng.step(batch).wait()

@@ -1,6 +1,7 @@
-"""The gated MLP's gate/up GEMM with the activation in its epilogue (gated_gemm.py) on the GPU:
-the kernel against cuBLAS + the activation kernel, where it applies, and whole engines with it
-on and off (eager, capture, replay) for the two activations (Qwen3: SiLU, EmbeddingGemma: tanh-GELU)."""
+"""The Triton GEMMs with fused epilogues (fused_gemms.py) on the GPU: gate/up + activation against
+cuBLAS + the activation kernel, qkv + q/k norm + rotary against cuBLAS + qk_norm_rope, where they
+apply, and whole engines with them on and off (eager, capture, replay): Qwen3 (SiLU, q/k norm,
+head dim 128) and EmbeddingGemma (tanh-GELU, unit-offset norms, head dim 256)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
                                        (16384, 1024, 3072, "silu"), (8192, 768, 1152, "gelu_tanh"),
                                        (6000, 768, 1000, "silu")])  # clipped last row and column tiles
 def test_kernel_equals_gemm_then_activation(T: int, h: int, i: int, act: str) -> None:
-    from bouquet.engine.gated_gemm import gate_up_act
+    from bouquet.engine.fused_gemms import gate_up_act
     from bouquet.engine.ops import gelu_tanh_mul, silu_mul
 
     g = torch.Generator(device="cuda").manual_seed(T)
@@ -36,7 +37,7 @@ def test_kernel_equals_gemm_then_activation(T: int, h: int, i: int, act: str) ->
 
 
 def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
-    from bouquet.engine.gated_gemm import MIN_TOKENS, gate_up_act, usable
+    from bouquet.engine.fused_gemms import MIN_TOKENS, gate_up_act, usable
 
     w = torch.randn(2 * 3072, 1024, device="cuda", dtype=torch.bfloat16)
     assert usable(torch.randn(MIN_TOKENS, 1024, device="cuda", dtype=torch.bfloat16), w, "silu")
@@ -51,11 +52,46 @@ def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
     assert gate_up_act(strided, w, "silu") is None  # not contiguous: the caller's two kernels run
 
 
+@pytest.mark.parametrize("T,n_q,n_kv,D,norm,unit_offset,bias", [
+    (2048, 16, 8, 128, True, False, False),  # Qwen3-0.6B
+    (5000, 16, 8, 128, True, False, False),  # a clipped last row tile
+    (4096, 14, 2, 64, False, False, True),  # Qwen2-style: rotary only, a qkv bias
+    (8192, 3, 1, 256, True, True, False)])  # EmbeddingGemma: (1 + w) norms, head dim 256
+def test_qkv_kernel_equals_gemm_then_qk_norm_rope(T: int, n_q: int, n_kv: int, D: int, norm: bool,
+                                                  unit_offset: bool, bias: bool) -> None:
+    from bouquet.engine.fused_gemms import qkv_rope
+    from bouquet.engine.layers import RMSNorm
+    from bouquet.engine.ops import qk_norm_rope, rope_tables
+
+    hidden = 1024 if D != 256 else 768
+    g = torch.Generator(device="cuda").manual_seed(T + D)
+    x = torch.randn(T, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn((n_q + 2 * n_kv) * D, hidden, device="cuda", generator=g) * 0.03).to(torch.bfloat16)
+    b = torch.randn(w.shape[0], device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    qn = kn = qk_weight = None
+    if norm:
+        qn, kn = RMSNorm(D, 1e-6, unit_offset).cuda(), RMSNorm(D, 1e-6, unit_offset).cuda()
+        for m in (qn, kn):
+            m.weight.data = (torch.randn(D, device="cuda", generator=g) * 0.2 + (0.0 if unit_offset else 1.0)).to(torch.bfloat16)
+        qk_weight = torch.stack((qn.weight.detach(), kn.weight.detach()))
+    pos = torch.from_numpy(np.concatenate([np.arange(n) for n in (T // 3, T - T // 3)])).cuda()
+    cos, sin = rope_tables(pos, D, 1e6)
+    got = qkv_rope(x, w, b, qn, qk_weight, cos, sin, n_q, n_kv, D)
+    assert got is not None
+    want = qk_norm_rope(F.linear(x, w, b), qn, kn, cos, sin, n_q, n_kv, D, qk_weight)
+    for name, a, e in zip("qkv", got, want):
+        assert a.shape == e.shape, name
+        # the GEMM sums in another order: an element one bf16 rounding apart now and then, which the
+        # norm and rotary carry on
+        torch.testing.assert_close(a.float(), e.float(), atol=3e-2, rtol=2e-2, msg=name)
+        assert (a.float() - e.float()).abs().mean() < 2e-3, name
+
+
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "embeddinggemma-300m"])
-def test_engine_with_gated_gemm_equals_engine_without(tmp_path: Path, shape: str,
+def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine import gated_gemm
+    from bouquet.engine import fused_gemms
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.engine.models import decoder
@@ -66,20 +102,18 @@ def test_engine_with_gated_gemm_equals_engine_without(tmp_path: Path, shape: str
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
     graphs = GraphOptions(debug=True)
-    plain = Engine(spec, "cuda", graphs=graphs, gated_gemm=False)
-    fused = Engine(spec, "cuda", graphs=graphs, gated_gemm=True)
-    assert fused.gated_gemm and not plain.gated_gemm
-    ran: list[bool] = []
-    real = gated_gemm.gate_up_act
-
-    def spy(*args: object) -> "torch.Tensor | None":
-        out = real(*args)  # type: ignore[arg-type]
-        ran.append(out is not None)
-        return out
-
-    monkeypatch.setattr(decoder, "gate_up_act", spy)
+    plain = Engine(spec, "cuda", graphs=graphs, fused_gemms=False)
+    fused = Engine(spec, "cuda", graphs=graphs, fused_gemms=True)
+    assert fused.fused_gemms and not plain.fused_gemms
+    ran: dict[str, list[bool]] = {"gate_up_act": [], "qkv_rope": []}
+    for name in ran:
+        def spy(*args: object, _real=getattr(fused_gemms, name), _name=name) -> object:
+            out = _real(*args)  # type: ignore[operator]
+            ran[_name].append(out is not None)
+            return out
+        monkeypatch.setattr(decoder, name, spy)
     rng = np.random.default_rng(0)
-    # Qwen3 takes the kernel from 2,048 tokens, EmbeddingGemma (i = 1,152) from ~4,700 (MIN_WAVES)
+    # Qwen3 takes the kernels from 2,048 tokens, EmbeddingGemma (i = 1,152) gate/up from ~4,700 (MIN_WAVES)
     for lengths in ([512] * 4, [2048], [300, 700, 1100, 12], [512] * 16, [16] * 64 + [500] * 14):
         batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
         for _ in range(3):  # eager, capture, replay
@@ -88,4 +122,4 @@ def test_engine_with_gated_gemm_equals_engine_without(tmp_path: Path, shape: str
             cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
             assert cos.min() > 0.9999, (lengths, cos.min())
             np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
-    assert any(ran)  # the kernel did run
+    assert any(ran["gate_up_act"]) and any(ran["qkv_rope"])  # both kernels did run

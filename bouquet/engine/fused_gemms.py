@@ -1,0 +1,125 @@
+"""Triton GEMMs whose epilogue does the next elementwise pass, for large decoder steps on Hopper.
+
+1. ``gate_up_act``: the gated MLP's gate/up projection with act(gate) · up in the epilogue. What
+   runs otherwise for x [T, h]: cuBLAS writes gate_up [T, 2i], then ``ops.silu_mul`` (or
+   ``gelu_tanh_mul``) reads it back and writes [T, i] — at 16,384 tokens of Qwen3-0.6B a 300 MB
+   round trip per layer (~72 µs at 4.2 TB/s) after a ~316 µs GEMM. The kernel
+   (``gemm_kernels.gate_up_act_kernel``) computes the gate and up tiles of the same columns side by
+   side (one x tile, two accumulators) and writes only the product.
+2. ``qkv_rope``: the attention's fused QKV projection with ``ops.qk_norm_rope`` (per-head q/k
+   RMSNorm, rotary) in the epilogue (``gemm_kernels.qkv_rope_kernel``: one program per row tile
+   and head, the head's two rotary halves as two accumulators); v heads stored as computed.
+
+Each epilogue rounds where the two-kernel path rounds, so outputs differ only by the GEMMs'
+summation order. Measured on the H200 (bench/probes/fused_gemms_probe.py; bench/results/
+h200-2026-12-01e): gate/up + SiLU 385 → 362 µs per layer at 16,384 tokens, 46.9 → 42.5 at 2,048,
+but 13.6 → 14.9 at 512 and 23.7 → 25.4 at 1,024 (Triton's GEMM reaches ~570 TFLOP/s where cuBLAS
+reaches ~650; below ~2,048 tokens the saved pass is smaller than that difference), hence
+``MIN_TOKENS``. Whole steps (the engine with it off and on, in one process): Qwen3-0.6B 32 × 512
+30.7 → 30.1 ms, EmbeddingGemma-300m 11.3–11.8 → 11.0–11.2; but EmbeddingGemma's 8 × 256 (2,048
+tokens, i = 1,152: 144 output tiles, 1.1 waves of the H200's 132 SMs, the second nearly empty)
+2.1–2.3 → 2.3–2.6 ms, hence ``MIN_WAVES`` too (Qwen3-0.6B at 2,048 tokens: 384 tiles, 2.9 waves).
+
+What this module does not own: whether a layer may use them (``models/decoder.py``: bf16/fp16
+steps whose projection does not run in fp8) or whether the engine does (``Engine(fused_gemms=...)``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from bouquet.engine.layers import RMSNorm
+
+MIN_TOKENS = 2048  # the smallest step measured faster than cuBLAS + the activation kernel (H200)
+MIN_WAVES = 2.5  # output tiles per SM below which the last wave's idle SMs cost more than the pass saved
+_TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)  # the sweep's fastest at 2,048–16,384
+QKV_TILE = dict(BM=128, BK=64, num_warps=8, num_stages=3)  # a row tile × one head (the probe's sweep sets it)
+_ACTS = {"silu": 1, "gelu_tanh": 2}  # kernels._act's codes
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=1)
+def _descriptor() -> type | None:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+@functools.lru_cache(maxsize=8)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _gemm_ok(x: torch.Tensor, weight: torch.Tensor, tiles: int) -> bool:
+    """x [T, K] · weight [N, K]ᵀ can take a TMA GEMM here: CUDA of compute capability 9.0+, fp16/bf16,
+    contiguous rows whose byte widths are multiples of 16 (TMA strides), at least ``MIN_TOKENS``
+    tokens and ``MIN_WAVES`` output tiles per SM, Triton present."""
+    if not (x.is_cuda and x.dtype in _DTYPES and weight.dtype == x.dtype and x.dim() == 2 and weight.dim() == 2):
+        return False
+    if x.shape[0] < MIN_TOKENS or not (x.is_contiguous() and weight.is_contiguous()) or weight.shape[1] != x.shape[1]:
+        return False
+    if x.shape[1] % 64 or weight.shape[0] % 16 or torch.cuda.get_device_capability(x.device) < (9, 0):
+        return False
+    if tiles < MIN_WAVES * _sms(x.device):
+        return False
+    from bouquet.engine.ops import triton_kernels
+    return triton_kernels() is not None and _descriptor() is not None
+
+
+def usable(x: torch.Tensor, weight: torch.Tensor, act: str) -> bool:
+    """Whether ``gate_up_act`` runs for x [T, h] and weight [2i, h] (``_gemm_ok``; an activation the
+    epilogue has; i a multiple of 8)."""
+    if act not in _ACTS or weight.shape[0] % 2 or (weight.shape[0] // 2) % 8:
+        return False
+    return _gemm_ok(x, weight, -(-x.shape[0] // _TILE["BM"]) * -(-(weight.shape[0] // 2) // _TILE["BN"]))
+
+
+def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor | None:
+    """x [T, h] · weight [2i, h]ᵀ (gate rows, then up rows) → act(gate) · up [T, i] in x's dtype,
+    or None when ``usable`` says no (the caller runs the GEMM and the activation kernel).
+    ``act``: "silu" (Qwen, Mistral) or "gelu_tanh" (Gemma)."""
+    if not usable(x, weight, act):
+        return None
+    from bouquet.engine import gemm_kernels
+    T, K = x.shape
+    I = weight.shape[0] // 2
+    out = x.new_empty((T, I))
+    bm, bn, bk = _TILE["BM"], _TILE["BN"], _TILE["BK"]
+    desc = _descriptor()
+    grid = (-(-T // bm) * -(-I // bn),)
+    gemm_kernels.gate_up_act_kernel[grid](desc.from_tensor(x, [bm, bk]), desc.from_tensor(weight, [bn, bk]),
+                                          desc.from_tensor(out, [bm, bn]), T, I, K, ACT=_ACTS[act], **_TILE)
+    return out
+
+
+def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, q_norm: "RMSNorm | None",
+             qk_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int,
+             head_dim: int, tile: dict | None = None) -> "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None":
+    """x [T, hidden] · weight [(n_q + 2·n_kv)·head_dim, hidden]ᵀ (+ bias) with ``ops.qk_norm_rope``
+    applied → (q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]), views of one [T, N] tensor in x's
+    dtype; or None where it does not apply (the caller runs the GEMM and qk_norm_rope). ``q_norm``:
+    the q norm module (its eps and unit offset; None: rotary only) with ``qk_weight`` [2, D] the
+    stacked q/k norm weights; cos/sin [T, D/2] float32 (``ops.rope_tables``). ``tile``: probes only."""
+    half = head_dim // 2
+    t = tile or QKV_TILE
+    heads = n_q + 2 * n_kv
+    if half < 16 or half & (half - 1) or weight.shape[0] != heads * head_dim or (q_norm is None) != (qk_weight is None):
+        return None
+    if not _gemm_ok(x, weight, -(-x.shape[0] // t["BM"]) * heads):
+        return None
+    from bouquet.engine import gemm_kernels
+    T, K = x.shape
+    out = x.new_empty((T, weight.shape[0]))
+    desc = _descriptor()
+    gemm_kernels.qkv_rope_kernel[(-(-T // t["BM"]), heads)](
+        desc.from_tensor(x, [t["BM"], t["BK"]]), desc.from_tensor(weight, [half, t["BK"]]),
+        desc.from_tensor(out, [t["BM"], half]), out if bias is None else bias, out if qk_weight is None else qk_weight,
+        cos, sin, T, n_q, n_q + n_kv, 0.0 if q_norm is None else q_norm.eps, K=K, HALF=half,
+        HAS_BIAS=bias is not None, NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset, **t)
+    q, k, v = out.split((n_q * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
+    return q.view(T, n_q, head_dim), k.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
