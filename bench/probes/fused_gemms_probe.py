@@ -38,6 +38,7 @@ import triton.language as tl
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+from bouquet.engine import fused_gemms  # noqa: E402
 
 LAYERS = 28
 
@@ -127,6 +128,77 @@ def gate_up_silu_persistent_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr
             acc_g = tl.dot(x, w_desc.load([pn * BN, k]).T, acc_g)
             acc_u = tl.dot(x, w_desc.load([I + pn * BN, k]).T, acc_u)
         o_desc.store([pm * BM, pn * BN], _act_mul(acc_g, acc_u, o_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def qkv_rope_kernel(x_desc, w_desc, o_desc, b_ptr, w_norm_ptr, cos_ptr, sin_ptr, M, n_q_heads, n_rot_heads, eps,
+                    K: tl.constexpr, HALF: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                    UNIT_OFFSET: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    # Program (m, h): rows [m·BM, m·BM + BM) of head h of x·wᵀ (+ bias), its two halves as two
+    # accumulators; q and k heads (h < n_rot_heads) then get qk_norm_rope_kernel's per-head RMSNorm
+    # and rotary, rounded where it rounds; v heads are stored as the GEMM wrote them.
+    pm = tl.program_id(0)
+    h = tl.program_id(1)
+    lo = h * 2 * HALF
+    acc1 = tl.zeros((BM, HALF), dtype=tl.float32)
+    acc2 = tl.zeros((BM, HALF), dtype=tl.float32)
+    for k in range(0, K, BK):
+        x = x_desc.load([pm * BM, k])
+        acc1 = tl.dot(x, w_desc.load([lo, k]).T, acc1)
+        acc2 = tl.dot(x, w_desc.load([lo + HALF, k]).T, acc2)
+    dt = o_desc.dtype
+    cols = tl.arange(0, HALF)
+    if HAS_BIAS:
+        acc1 += tl.load(b_ptr + lo + cols).to(tl.float32)[None, :]
+        acc2 += tl.load(b_ptr + lo + HALF + cols).to(tl.float32)[None, :]
+    x1 = acc1.to(dt).to(tl.float32)  # the GEMM's output, as cuBLAS rounds it
+    x2 = acc2.to(dt).to(tl.float32)
+    if h < n_rot_heads:
+        if NORM:
+            rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+            w = w_norm_ptr + (h >= n_q_heads).to(tl.int32) * (2 * HALF) + cols  # row 0: q_norm, row 1: k_norm
+            w1, w2 = tl.load(w).to(tl.float32)[None, :], tl.load(w + HALF).to(tl.float32)[None, :]
+            if UNIT_OFFSET:
+                x1 = (x1 * rstd * (1.0 + w1)).to(dt).to(tl.float32)
+                x2 = (x2 * rstd * (1.0 + w2)).to(dt).to(tl.float32)
+            else:
+                x1 = ((x1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+                x2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        t = (pm * BM + tl.arange(0, BM)).to(tl.int64)
+        in_m = t[:, None] < M
+        c = tl.load(cos_ptr + t[:, None] * HALF + cols[None, :], mask=in_m, other=0.0)
+        s = tl.load(sin_ptr + t[:, None] * HALF + cols[None, :], mask=in_m, other=0.0)
+        x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
+    o_desc.store([pm * BM, lo], x1.to(dt))
+    o_desc.store([pm * BM, lo + HALF], x2.to(dt))
+
+
+def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, q_norm: "RMSNorm | None",
+             qk_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int,
+             head_dim: int, tile: dict) -> "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None":
+    """x [T, hidden] · weight [(n_q + 2·n_kv)·head_dim, hidden]ᵀ (+ bias) with ``ops.qk_norm_rope``
+    applied → (q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]), views of one [T, N] tensor in x's
+    dtype; or None where it does not apply. ``q_norm``:
+    the q norm module (its eps and unit offset; None: rotary only) with ``qk_weight`` [2, D] the
+    stacked q/k norm weights; cos/sin [T, D/2] float32 (``ops.rope_tables``). Measured, not adopted:
+    bouquet/engine/fused_gemms.py says why."""
+    half = head_dim // 2
+    t = tile
+    heads = n_q + 2 * n_kv
+    if half < 16 or half & (half - 1) or weight.shape[0] != heads * head_dim or (q_norm is None) != (qk_weight is None):
+        return None
+    if not fused_gemms._gemm_ok(x, weight, -(-x.shape[0] // t["BM"]) * heads):
+        return None
+    T, K = x.shape
+    out = x.new_empty((T, weight.shape[0]))
+    desc = fused_gemms._descriptor()
+    qkv_rope_kernel[(-(-T // t["BM"]), heads)](
+        desc.from_tensor(x, [t["BM"], t["BK"]]), desc.from_tensor(weight, [half, t["BK"]]),
+        desc.from_tensor(out, [t["BM"], half]), out if bias is None else bias, out if qk_weight is None else qk_weight,
+        cos, sin, T, n_q, n_q + n_kv, 0.0 if q_norm is None else q_norm.eps, K=K, HALF=half,
+        HAS_BIAS=bias is not None, NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset, **t)
+    q, k, v = out.split((n_q * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
+    return q.view(T, n_q, head_dim), k.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
 
 
 def fused(x: torch.Tensor, w: torch.Tensor, cfg: tuple, mode: str) -> torch.Tensor:
@@ -232,8 +304,7 @@ QKV_TILES = [dict(BM=bm, BK=bk, num_warps=w, num_stages=st) for bm, bk, w, st in
 
 def qkv_part(sizes: list[int]) -> dict:
     """Qwen3-0.6B's qkv (16 q / 8 kv heads × 128, hidden 1,024, q/k norm): cuBLAS + qk_norm_rope vs
-    fused_gemms.qkv_rope over QKV_TILES, µs per layer (28 layers' weights in one graph)."""
-    from bouquet.engine.fused_gemms import qkv_rope
+    the probe's qkv_rope over QKV_TILES, µs per layer (28 layers' weights in one graph)."""
     from bouquet.engine.layers import RMSNorm
     from bouquet.engine.ops import qk_norm_rope, rope_tables
 

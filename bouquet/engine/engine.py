@@ -106,9 +106,8 @@ class Engine:
     of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
     ``split_k``: the split-K GEMM for the hidden-size projections of steps up to
     ``splitk.MAX_TOKENS`` tokens; None = on for CUDA devices of compute capability 9.0 or later.
-    ``fused_gemms``: decoders' Triton GEMMs with fused epilogues (gate/up + activation, qkv + q/k
-    norm + rotary) for steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the
-    same devices.
+    ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
+    steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
     Implements ``contract.StepEngine``.
     """
 
@@ -155,7 +154,7 @@ class Engine:
             fused_gemms = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
         self.fused_gemms = fused_gemms and self.device.type == "cuda"
         for m in model.modules():
-            if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderAttention, DecoderMLP
+            if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
                 m.fused_gemms = self.fused_gemms
         self.causal = bool(model.causal)
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
@@ -195,9 +194,9 @@ class Engine:
             log.info("engine: attention output / MLP down projections of steps up to %d tokens: %s", MAX_SPLITK_TOKENS,
                      "split-K Triton GEMM (the add + norm kernel sums the parts)" if self.split_k else "cuBLAS")
             if any(hasattr(m, "fused_gemms") for m in model.modules()):
-                log.info("engine: qkv and gate/up projections of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
-                         "Triton GEMMs with q/k norm + rotary and the activation in their epilogues" if self.fused_gemms
-                         else "cuBLAS, then the q/k norm + rotary and activation kernels")
+                log.info("engine: gated MLP of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
+                         "gate/up GEMM with the activation in its epilogue (Triton)" if self.fused_gemms
+                         else "cuBLAS gate/up, then the activation kernel")
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32

@@ -1,17 +1,12 @@
 """Triton GEMMs whose epilogue does the next elementwise pass, for large decoder steps on Hopper.
 
-1. ``gate_up_act``: the gated MLP's gate/up projection with act(gate) · up in the epilogue. What
-   runs otherwise for x [T, h]: cuBLAS writes gate_up [T, 2i], then ``ops.silu_mul`` (or
-   ``gelu_tanh_mul``) reads it back and writes [T, i] — at 16,384 tokens of Qwen3-0.6B a 300 MB
-   round trip per layer (~72 µs at 4.2 TB/s) after a ~316 µs GEMM. The kernel
-   (``gemm_kernels.gate_up_act_kernel``) computes the gate and up tiles of the same columns side by
-   side (one x tile, two accumulators) and writes only the product.
-2. ``qkv_rope``: the attention's fused QKV projection with ``ops.qk_norm_rope`` (per-head q/k
-   RMSNorm, rotary) in the epilogue (``gemm_kernels.qkv_rope_kernel``: one program per row tile
-   and head, the head's two rotary halves as two accumulators); v heads stored as computed.
-
-Each epilogue rounds where the two-kernel path rounds, so outputs differ only by the GEMMs'
-summation order. Measured on the H200 (bench/probes/fused_gemms_probe.py; bench/results/
+``gate_up_act``: the gated MLP's gate/up projection with act(gate) · up in the epilogue. What runs
+otherwise for x [T, h]: cuBLAS writes gate_up [T, 2i], then ``ops.silu_mul`` (or ``gelu_tanh_mul``)
+reads it back and writes [T, i] — at 16,384 tokens of Qwen3-0.6B a 300 MB round trip per layer
+(~72 µs at 4.2 TB/s) after a ~316 µs GEMM. The kernel (``gemm_kernels.gate_up_act_kernel``)
+computes the gate and up tiles of the same columns side by side (one x tile, two accumulators)
+and writes only the product, rounding where the two-kernel path rounds (gate and up, the
+activation, the product), so outputs differ only by the GEMM's summation order. Measured on the H200 (bench/probes/fused_gemms_probe.py; bench/results/
 h200-2026-12-01e): gate/up + SiLU 385 → 362 µs per layer at 16,384 tokens, 46.9 → 42.5 at 2,048,
 but 13.6 → 14.9 at 512 and 23.7 → 25.4 at 1,024 (Triton's GEMM reaches ~570 TFLOP/s where cuBLAS
 reaches ~650; below ~2,048 tokens the saved pass is smaller than that difference), hence
@@ -20,23 +15,24 @@ reaches ~650; below ~2,048 tokens the saved pass is smaller than that difference
 tokens, i = 1,152: 144 output tiles, 1.1 waves of the H200's 132 SMs, the second nearly empty)
 2.1–2.3 → 2.3–2.6 ms, hence ``MIN_WAVES`` too (Qwen3-0.6B at 2,048 tokens: 384 tiles, 2.9 waves).
 
-What this module does not own: whether a layer may use them (``models/decoder.py``: bf16/fp16
-steps whose projection does not run in fp8) or whether the engine does (``Engine(fused_gemms=...)``).
+Tried and not adopted: the qkv projection with ``ops.qk_norm_rope`` (q/k RMSNorm + rotary) in its
+epilogue, one program per row tile and head with the head's rotary halves as two [BM, 64]
+accumulators (the kernel is in the probe): 308.8 µs per layer against cuBLAS + qk_norm_rope's
+263.9 at 16,384 tokens, 32.0 against 32.4 at 2,048; whole Qwen3-0.6B 32 × 512 steps 30.0 → 33.8 ms.
+Its 64-wide wgmma tiles (one head's half) run far below the 128 × 128 ones cuBLAS picks.
+
+What this module does not own: whether a layer may use it (``models/decoder.py``: bf16/fp16
+steps whose MLP does not run in fp8) or whether the engine does (``Engine(fused_gemms=...)``).
 """
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from bouquet.engine.layers import RMSNorm
 
 MIN_TOKENS = 2048  # the smallest step measured faster than cuBLAS + the activation kernel (H200)
 MIN_WAVES = 2.5  # output tiles per SM below which the last wave's idle SMs cost more than the pass saved
 _TILE = dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)  # the sweep's fastest at 2,048–16,384
-QKV_TILE = dict(BM=128, BK=64, num_warps=8, num_stages=3)  # a row tile × one head (the probe's sweep sets it)
 _ACTS = {"silu": 1, "gelu_tanh": 2}  # kernels._act's codes
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -96,30 +92,3 @@ def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor
                                           desc.from_tensor(out, [bm, bn]), T, I, K, ACT=_ACTS[act], **_TILE)
     return out
 
-
-def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, q_norm: "RMSNorm | None",
-             qk_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int,
-             head_dim: int, tile: dict | None = None) -> "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None":
-    """x [T, hidden] · weight [(n_q + 2·n_kv)·head_dim, hidden]ᵀ (+ bias) with ``ops.qk_norm_rope``
-    applied → (q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]), views of one [T, N] tensor in x's
-    dtype; or None where it does not apply (the caller runs the GEMM and qk_norm_rope). ``q_norm``:
-    the q norm module (its eps and unit offset; None: rotary only) with ``qk_weight`` [2, D] the
-    stacked q/k norm weights; cos/sin [T, D/2] float32 (``ops.rope_tables``). ``tile``: probes only."""
-    half = head_dim // 2
-    t = tile or QKV_TILE
-    heads = n_q + 2 * n_kv
-    if half < 16 or half & (half - 1) or weight.shape[0] != heads * head_dim or (q_norm is None) != (qk_weight is None):
-        return None
-    if not _gemm_ok(x, weight, -(-x.shape[0] // t["BM"]) * heads):
-        return None
-    from bouquet.engine import gemm_kernels
-    T, K = x.shape
-    out = x.new_empty((T, weight.shape[0]))
-    desc = _descriptor()
-    gemm_kernels.qkv_rope_kernel[(-(-T // t["BM"]), heads)](
-        desc.from_tensor(x, [t["BM"], t["BK"]]), desc.from_tensor(weight, [half, t["BK"]]),
-        desc.from_tensor(out, [t["BM"], half]), out if bias is None else bias, out if qk_weight is None else qk_weight,
-        cos, sin, T, n_q, n_q + n_kv, 0.0 if q_norm is None else q_norm.eps, K=K, HALF=half,
-        HAS_BIAS=bias is not None, NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset, **t)
-    q, k, v = out.split((n_q * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
-    return q.view(T, n_q, head_dim), k.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)

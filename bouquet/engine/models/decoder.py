@@ -37,7 +37,7 @@ from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
 from bouquet.engine.fp8_rows import QRows, ScaledRows
-from bouquet.engine.fused_gemms import gate_up_act, qkv_rope
+from bouquet.engine.fused_gemms import gate_up_act
 from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
 from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
@@ -116,7 +116,6 @@ class DecoderAttention(nn.Module):
             eps = cfg.get("rms_norm_eps", 1e-6)
             self.q_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
             self.k_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
-        self.fused_gemms = False  # the engine's choice (Engine(fused_gemms=...)): qkv + q/k norm + rotary as one GEMM
 
     def fuse(self) -> None:
         self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
@@ -136,16 +135,9 @@ class DecoderAttention(nn.Module):
         """x [T, hidden] (QRows in fp8) → [T, hidden] (ScaledRows when o runs in fp8); cos/sin
         [T, head_dim/2] float32 (``ops.rope_tables``)."""
         T = x.shape[0]
-        fused = None
-        if self.fused_gemms and isinstance(x, torch.Tensor):  # large bf16 steps: one GEMM (fused_gemms.py)
-            fused = qkv_rope(x, self.qkv.weight, self.qkv.bias, self.q_norm, self.qk_weight, cos, sin,
-                             self.num_heads, self.num_kv_heads, self.head_dim)
-        if fused is not None:
-            q, k, v = fused
-        else:
-            qkv = self.qkv(x)  # [T, (H + 2·Hkv)·D]
-            q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
-                                   self.head_dim, self.qk_weight)
+        qkv = self.qkv(x)  # [T, (H + 2·Hkv)·D]
+        q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
+                               self.head_dim, self.qk_weight)
         a = attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim)
         return self.o(quantize_rows(a) if self.o.use_fp8(T) else a)  # FlashAttention writes bf16: one cast pass
 
