@@ -74,6 +74,10 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "enforce_eager": (bool, "enforce_eager", typer.Option(_default("enforce_eager"), help="Disable CUDA graphs.")),
     "graph_max_tokens": (int, "graph_max_tokens", typer.Option(
         _default("graph_max_tokens"), help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")),
+    "triton_gemms": (bool, "triton_gemms", typer.Option(
+        _default("triton_gemms"), "--triton-gemms/--no-triton-gemms",
+        help="On Hopper GPUs, Triton GEMMs where measured faster than cuBLAS: split-K for steps of up to 128 tokens, "
+        "gated MLPs' gate/up with the activation in its epilogue from 2,048 (--no-triton-gemms: cuBLAS for every GEMM).")),
     "capture_bucket": (list[str], "capture_buckets", typer.Option(
         [], metavar="SEQS:TOKENS:MAX_SEQLEN[:uniform]", help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
         "instead of on its second use; equal lengths that fill it (e.g. 32:16384:512) also capture its uniform bucket "

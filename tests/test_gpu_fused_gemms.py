@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-                                reason="needs a Hopper GPU (TMA)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10), reason="needs a Hopper GPU (TMA)")]
 
 
 @pytest.mark.parametrize("T,h,i,act", [(2048, 1024, 3072, "silu"), (2049, 1024, 3072, "silu"),

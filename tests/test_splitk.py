@@ -3,6 +3,8 @@ add + norm readers give the same rows for parts as for the summed GEMM output (t
 here; the Triton kernels are checked in test_gpu_splitk.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,7 +15,8 @@ from bouquet.engine.splitk import MAX_TOKENS, SplitPlan, plan_for, usable
 
 
 @pytest.mark.parametrize("T,N,K", [(1, 1024, 2048), (128, 1024, 2048), (128, 1024, 3072), (16, 1024, 3072),
-                                   (128, 768, 768), (16, 768, 3072), (128, 384, 1536), (64, 384, 384)])
+                                   (128, 768, 768), (16, 768, 3072), (128, 384, 1536), (64, 384, 384),
+                                   (16, 768, 1152), (16, 1536, 8960), (64, 896, 4864)])  # K ranges by 64
 def test_plans_tile_exactly_with_k_ranges_of_192_columns_or_more(T: int, N: int, K: int) -> None:
     p = plan_for(T, N, K, 132)
     assert p is not None and p.fits(T, N, K) and p.parts >= 2
@@ -22,7 +25,8 @@ def test_plans_tile_exactly_with_k_ranges_of_192_columns_or_more(T: int, N: int,
     programs = -(-T // p.bm) * (N // p.bn) * p.parts
     assert programs <= 3 * 132, (p, programs)  # at most three waves
     # ... and the most split the rule allows: twice the parts would pass a limit or not tile K
-    assert (K // (p.parts * 2) < 192 or K % (p.parts * 2) != 0 or programs * 2 > 3 * 132 or p.parts == 16), p
+    assert (K // (p.parts * 2) < 192 or K % (p.parts * 2) != 0 or (K // (p.parts * 2)) % 64 != 0
+            or programs * 2 > 3 * 132 or p.parts == 16), p
     assert p.smem_bytes() <= 227 * 1024  # Hopper's shared memory per block
 
 
@@ -64,3 +68,19 @@ def test_cpu_projections_stay_plain_linears() -> None:
     w = torch.randn(128, 256).to(torch.bfloat16)
     got = Projection(w, None, "o", defer=True, split_k=True)(x)
     assert isinstance(got, torch.Tensor) and torch.equal(got, torch.nn.functional.linear(x, w))
+
+
+def test_triton_gemms_stay_off_on_the_cpu(tmp_path: Path) -> None:
+    """The defaults (None) turn the engine's Triton GEMMs on for Hopper GPUs only; on the CPU both
+    are off and the models' projections and MLPs say so (the CPU path is unchanged)."""
+    from bouquet.engine.engine import Engine, _measured_gpu
+    from bouquet.engine.quant import projections
+    from bouquet.modelspec import load_spec
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    eng = Engine(load_spec(str(make_tiny_model("qwen3", tmp_path / "qwen3"))), "cpu")
+    assert not _measured_gpu(torch.device("cpu"))
+    assert eng.split_k is False and eng.fused_gemms is False
+    assert not any(p.split_k for p in projections(eng.model))
+    mlps = [m for m in eng.model.modules() if hasattr(m, "fused_gemms")]
+    assert mlps and not any(m.fused_gemms for m in mlps)

@@ -31,7 +31,7 @@ from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
-from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS
+from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, compile_now
 from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
@@ -98,6 +98,12 @@ class GraphOptions:
                    capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path)
 
 
+def _measured_gpu(device: torch.device) -> bool:
+    """Whether ``device`` is the kind the engine's Triton GEMMs were measured faster on: an NVIDIA
+    Hopper GPU (compute capability 9.x; not ROCm, whose capabilities also read 9.x)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
+
+
 class Engine:
     """One model on one device. Raises WeightError/UnsupportedArchitecture/ValueError at
     construction on a bad model.
@@ -105,7 +111,8 @@ class Engine:
     ``state``: an in-memory checkpoint (Hugging Face names, tensors on any device) used instead
     of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
     ``split_k``: the split-K GEMM for the hidden-size projections of steps up to
-    ``splitk.MAX_TOKENS`` tokens; None = on for CUDA devices of compute capability 9.0 or later.
+    ``splitk.MAX_TOKENS`` tokens; None = on for Hopper GPUs (CUDA compute capability 9.x), where
+    it was measured.
     ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
     steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
     Implements ``contract.StepEngine``.
@@ -140,18 +147,18 @@ class Engine:
         model.fuse()
         self.model = model
         # small model-dtype steps on CUDA: the hidden-size projections as split-K GEMMs (splitk.py).
-        # Default (None): on Hopper and later, where it was measured (H200, 16–128 tokens: batch-1
-        # replays 7–9% faster for Qwen3-0.6B and bge-base, bench/results/h200-2026-12-01e); its tiles
-        # are untested on other GPUs, whose shared memory and SM counts differ
+        # Default (None): on Hopper, where it was measured (H200, 16–128 tokens: batch-1 replays 7–9%
+        # faster for Qwen3-0.6B and bge-base, bench/results/h200-2026-12-01e); its tiles are untested
+        # on other GPUs, whose shared memory and SM counts differ
         if split_k is None:
-            split_k = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
+            split_k = _measured_gpu(self.device)
         self.split_k = split_k and self.device.type == "cuda"
         for p in projections(model):
             p.split_k = p.split_k and self.split_k
         # large decoder steps: GEMMs with the next elementwise pass in their epilogue (fused_gemms.py);
-        # by default where measured faster (H200, from 2,048 tokens) and TMA exists (Hopper)
+        # by default where measured faster (H200, from 2,048 tokens)
         if fused_gemms is None:
-            fused_gemms = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
+            fused_gemms = _measured_gpu(self.device)
         self.fused_gemms = fused_gemms and self.device.type == "cuda"
         for m in model.modules():
             if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
@@ -365,10 +372,15 @@ class Engine:
             log.info("engine: bucket histogram saved to %s", self.graph_options.stats_path)
 
     def warmup(self) -> None:
-        """One small batch through the whole path, so /health turns green only on a working model."""
+        """One small batch through the whole path, so /health turns green only on a working model;
+        then the large steps' Triton GEMM compiled (``fused_gemms.compile_now``)."""
         n = min(8, self.spec.max_seq_length)
         ids = np.full(n, min(100, self.spec.vocab_size - 1), dtype=np.int32)
         rows = self.step(Batch.pack([ids, ids[:1]])).wait()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite outputs; check --dtype and the weights")
+        if self.fused_gemms:  # every layer's MLP has the same shapes: one compile serves them all
+            mlp = next((m for m in self.model.modules() if hasattr(m, "fused_gemms")), None)
+            if mlp is not None:
+                compile_now(mlp.gate_up.weight, mlp.act)
         self.start_graphs()

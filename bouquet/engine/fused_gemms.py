@@ -6,8 +6,8 @@ reads it back and writes [T, i] — at 16,384 tokens of Qwen3-0.6B a 300 MB roun
 (~72 µs at 4.2 TB/s) after a ~316 µs GEMM. The kernel (``gemm_kernels.gate_up_act_kernel``)
 computes the gate and up tiles of the same columns side by side (one x tile, two accumulators)
 and writes only the product, rounding where the two-kernel path rounds (gate and up, the
-activation, the product), so outputs differ only by the GEMM's summation order. Measured on the H200 (bench/probes/fused_gemms_probe.py; bench/results/
-h200-2026-12-01e): gate/up + SiLU 385 → 362 µs per layer at 16,384 tokens, 46.9 → 42.5 at 2,048,
+activation, the product), so outputs differ only by the GEMM's summation order. Measured on the H200 (bench/probes/fused_gemms_probe.py,
+bench/results/h200-2026-12-01e): gate/up + SiLU 385 → 362 µs per layer at 16,384 tokens, 46.9 → 42.5 at 2,048,
 but 13.6 → 14.9 at 512 and 23.7 → 25.4 at 1,024 (Triton's GEMM reaches ~570 TFLOP/s where cuBLAS
 reaches ~650; below ~2,048 tokens the saved pass is smaller than that difference), hence
 ``MIN_TOKENS``. Whole steps (the engine with it off and on, in one process): Qwen3-0.6B 32 × 512
@@ -51,15 +51,25 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=8)
+def _big_smem_tma(device: torch.device) -> bool:
+    """TMA (compute capability 9.0+, NVIDIA) and the shared memory per block the tile's three stages
+    need (144 KiB: Hopper and datacenter Blackwell have 227 KiB, consumer Blackwell ~99 KiB)."""
+    props = torch.cuda.get_device_properties(device)
+    need = _TILE["num_stages"] * (_TILE["BM"] + 2 * _TILE["BN"]) * _TILE["BK"] * 2
+    return (torch.version.hip is None and (props.major, props.minor) >= (9, 0)
+            and getattr(props, "shared_memory_per_block_optin", 0) >= need)
+
+
 def _gemm_ok(x: torch.Tensor, weight: torch.Tensor, tiles: int) -> bool:
-    """x [T, K] · weight [N, K]ᵀ can take a TMA GEMM here: CUDA of compute capability 9.0+, fp16/bf16,
-    contiguous rows whose byte widths are multiples of 16 (TMA strides), at least ``MIN_TOKENS``
+    """x [T, K] · weight [N, K]ᵀ can take the TMA GEMM here (``_big_smem_tma``): fp16/bf16, contiguous,
+    K a multiple of 64 (the K step) and N of 16 (16-byte TMA strides), at least ``MIN_TOKENS``
     tokens and ``MIN_WAVES`` output tiles per SM, Triton present."""
     if not (x.is_cuda and x.dtype in _DTYPES and weight.dtype == x.dtype and x.dim() == 2 and weight.dim() == 2):
         return False
     if x.shape[0] < MIN_TOKENS or not (x.is_contiguous() and weight.is_contiguous()) or weight.shape[1] != x.shape[1]:
         return False
-    if x.shape[1] % 64 or weight.shape[0] % 16 or torch.cuda.get_device_capability(x.device) < (9, 0):
+    if x.shape[1] % 64 or weight.shape[0] % 16 or not _big_smem_tma(x.device):
         return False
     if tiles < MIN_WAVES * _sms(x.device):
         return False
@@ -92,3 +102,14 @@ def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor
                                           desc.from_tensor(out, [bm, bn]), T, I, K, ACT=_ACTS[act], **_TILE)
     return out
 
+
+def compile_now(weight: torch.Tensor, act: str) -> bool:
+    """Run ``gate_up_act`` once on zeros of the fewest tokens it takes for ``weight`` [2i, h], so that
+    Triton compiles it at start-up rather than in the first large request (~1 s); False when it
+    would not run for this weight on this device."""
+    if not weight.is_cuda:
+        return False
+    i = weight.shape[0] // 2
+    tokens = max(MIN_TOKENS, _TILE["BM"] * -(-int(MIN_WAVES * _sms(weight.device)) // -(-i // _TILE["BN"])))
+    x = torch.zeros((tokens, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+    return gate_up_act(x, weight, act) is not None

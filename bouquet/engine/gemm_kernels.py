@@ -1,7 +1,6 @@
 """Triton GEMMs with fused epilogues (fused_gemms.py says where and why each runs): the gated MLP's
 gate/up with the activation. Hopper TMA tensor descriptors (``triton.tools.tensor_descriptor``) for
-the operands and the output; rows past M and columns past N are zero-filled on load and clipped
-on store.
+the operands and the output; rows past a tensor's end are zero-filled on load and clipped on store.
 """
 import triton
 import triton.language as tl
@@ -26,6 +25,7 @@ def gate_up_act_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.co
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, K, BK):
         x = x_desc.load([pm * BM, k])
+        # the last gate tile may read up rows for columns ≥ I: those columns are clipped on store
         acc_g = tl.dot(x, w_desc.load([pn * BN, k]).T, acc_g)
         acc_u = tl.dot(x, w_desc.load([I + pn * BN, k]).T, acc_u)
     dt = o_desc.dtype
@@ -33,4 +33,3 @@ def gate_up_act_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.co
     u = acc_u.to(dt).to(tl.float32)  # as HF rounds it (gated_act_kernel's rounding)
     a = _act(g, ACT).to(dt).to(tl.float32)
     o_desc.store([pm * BM, pn * BN], (a * u).to(dt))
-

@@ -69,7 +69,8 @@ def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
     bm, bn = 64, 32
     parts = 1
     tiles = -(-T // bm) * -(-N // bn)
-    while K % (parts * 2) == 0 and K // (parts * 2) >= 192 and parts < 16 and tiles * parts * 2 <= 3 * sms:
+    while (K % (parts * 2) == 0 and (K // (parts * 2)) % 64 == 0 and K // (parts * 2) >= 192 and parts < 16
+           and tiles * parts * 2 <= 3 * sms):
         parts *= 2
     k_split = K // parts
     bk = 128 if k_split >= 256 and k_split % 128 == 0 else 64
