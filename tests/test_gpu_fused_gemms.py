@@ -36,7 +36,7 @@ def test_kernel_equals_gemm_then_activation(T: int, h: int, i: int, act: str) ->
 
 
 def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
-    from bouquet.engine.fused_gemms import MIN_TOKENS, gate_up_act, usable
+    from bouquet.engine.fused_gemms import MIN_TOKENS, compile_now, gate_up_act, usable
 
     w = torch.randn(2 * 3072, 1024, device="cuda", dtype=torch.bfloat16)
     assert usable(torch.randn(MIN_TOKENS, 1024, device="cuda", dtype=torch.bfloat16), w, "silu")
@@ -47,6 +47,7 @@ def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
     gemma = torch.randn(2 * 1152, 768, device="cuda", dtype=torch.bfloat16)  # 144 tiles at 2,048 tokens: 1.1 waves
     assert not usable(torch.randn(2048, 768, device="cuda", dtype=torch.bfloat16), gemma, "gelu_tanh")
     assert usable(torch.randn(16384, 768, device="cuda", dtype=torch.bfloat16), gemma, "gelu_tanh")
+    assert compile_now(w, "silu") and compile_now(gemma, "gelu_tanh")  # what Engine.warmup runs
     strided = torch.randn(MIN_TOKENS, 2048, device="cuda", dtype=torch.bfloat16)[:, :1024]
     assert gate_up_act(strided, w, "silu") is None  # not contiguous: the caller's two kernels run
 
