@@ -13,6 +13,7 @@
 #   blas   bench/probes/blas_probe.py: cuBLAS vs cuBLASLt for the bf16 linears at small M, and batch-1 replays.
 #   splitk bench/probes/splitk_probe.py: split-K Triton GEMM vs cuBLAS at batch 1 (plans, with the norm reader, engines); SPLITK_ARGS.
 #   fmlp   bench/probes/fused_gemms_probe.py: Triton GEMMs with fused epilogues vs cuBLAS + the elementwise kernel; FMLP_ARGS.
+#   b1fuse bench/probes/b1_fusion_probe.py: the gated activation in the split-K down GEMM's A loads vs activation + split-K; B1FUSE_ARGS.
 # TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
 # accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
@@ -91,5 +92,10 @@ fi
 if has fmlp; then
   timeout 300 python3 bench/probes/fused_gemms_probe.py "$R/fused_gemms.json" ${FMLP_ARGS:-} > "$R/fused_gemms.log" 2>&1
   tail -n 14 "$R/fused_gemms.log"
+  bundle
+fi
+if has b1fuse; then
+  timeout 200 python3 bench/probes/b1_fusion_probe.py "$R/b1_fusion.json" ${B1FUSE_ARGS:-} > "$R/b1_fusion.log" 2>&1
+  tail -n 8 "$R/b1_fusion.log"
   bundle
 fi
