@@ -77,7 +77,8 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "triton_gemms": (bool, "triton_gemms", typer.Option(
         _default("triton_gemms"), "--triton-gemms/--no-triton-gemms",
         help="On Hopper GPUs, Triton GEMMs where measured faster than cuBLAS: split-K for steps of up to 128 tokens, "
-        "gated MLPs' gate/up with the activation in its epilogue from 2,048 (--no-triton-gemms: cuBLAS for every GEMM).")),
+        "gated MLPs' gate/up with the activation in its epilogue from 2,048 (--no-triton-gemms: none of them; "
+        "other GPUs and the CPU never use them).")),
     "capture_bucket": (list[str], "capture_buckets", typer.Option(
         [], metavar="SEQS:TOKENS:MAX_SEQLEN[:uniform]", help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
         "instead of on its second use; equal lengths that fill it (e.g. 32:16384:512) also capture its uniform bucket "
@@ -195,7 +196,7 @@ def bench(
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
-                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (every GEMM by cuBLAS, not the engine's Triton GEMMs: split-K for small steps, gate/up + activation for large ones) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-noop (bouquet serve --engine "
+                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K for small steps, gate/up + activation for large ones; the same as engine on the CPU) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
     benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
@@ -291,6 +292,8 @@ def embed(
     dtype: str = typer.Option("auto", help="Compute dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16."),
     output_dtype: str = typer.Option("float32", help="Stored vector dtype: float32 | float16."),
     quantization: str = typer.Option("none", help="none | fp8 (as `serve --quantization`: the layers' matmuls in fp8 e4m3)."),
+    triton_gemms: bool = typer.Option(True, "--triton-gemms/--no-triton-gemms",
+                                      help="As `serve --no-triton-gemms`: none of the engine's Triton GEMMs on Hopper."),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     max_batch_tokens: int = typer.Option(0, help=f"Token budget per engine step (0 = auto: {GPU_BATCH_TOKENS} GPU, "
                                          f"{CPU_BATCH_TOKENS} CPU)."),
@@ -322,7 +325,8 @@ def embed(
             model = str(resolve_model_path(model, revision, download=True))
         cfg = EmbedJobConfig(
             input=input, output=output, model=model, text_column=text_column, id_column=id_column,
-            format=format, dtype=dtype, output_dtype=output_dtype, quantization=quantization, device=device,  # type: ignore[arg-type]
+            format=format, dtype=dtype, output_dtype=output_dtype, quantization=quantization,  # type: ignore[arg-type]
+            triton_gemms=triton_gemms, device=device,
             max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs, shard_rows=shard_rows,
             tokenizer_threads=tokenizer_threads, threads=threads, prompt=prompt, overwrite=overwrite, progress=progress,
         ).validate()

@@ -135,7 +135,7 @@ class ServeConfig:
     spin_wait: bool = True
     graph_max_tokens: int = GRAPH_MAX_TOKENS
     # The engine's Triton GEMMs where measured faster on Hopper (split-K for steps of ≤ 128 tokens,
-    # gate/up with the activation from 2,048: bench/results/h200-2026-12-01e); False = cuBLAS for all
+    # gate/up with the activation from 2,048: bench/results/h200-2026-12-01e); False = none of them
     triton_gemms: bool = True
     capture_buckets: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
     bucket_stats_path: str | None = None

@@ -162,3 +162,23 @@ def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("benchmarks", [("1",), ("2",), ("1", "2")])
+def test_latency_benchmarks_run_only_the_cases_asked_for(tmp_path: Path, benchmarks: tuple[str, ...]) -> None:
+    """`--benchmarks 1` ran benchmark 2's scoring batches too and dropped their rows afterwards
+    (minutes of a CPU run; fresh-clone trial): only the asked-for cases now reach the engine."""
+    import numpy as np
+
+    from bouquet.bench import run as R
+    from bouquet.bench.models import TINY_BERT, make_model_dir
+    from bouquet.bench.targets import EngineTarget
+
+    target = EngineTarget(make_model_dir(TINY_BERT, tmp_path), "cpu")
+    sizes: list[int] = []
+    real = target.embed_ids
+    target.embed_ids = lambda seqs: sizes.append(len(seqs)) or real(seqs)  # type: ignore[method-assign]
+    s = R.Settings(lat_lengths=(16,), score_batches=(3,), score_len=16, seconds=0.0, min_iters=1, warmup=0)
+    rows = R.bench_latency(target, TINY_BERT, s, 1e12, np.random.default_rng(0), benchmarks)
+    assert {r["bench"] for r in rows} == set(benchmarks)
+    assert set(sizes) == {n for b, n in (("1", 1), ("2", 3)) if b in benchmarks}  # batch 1 / the 3-pair batch

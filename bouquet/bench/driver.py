@@ -177,7 +177,7 @@ def _phase(phase: str, target: Target, ref: Target, shape: ModelShape, opts: Ben
         res["graphs"] = graph_check(target, shape, rng)
         log.info("graph check: %s", res["graphs"])
     elif phase == "latency" and ("1" in want or "2" in want):
-        res["rows"] += [r for r in R.bench_latency(target, shape, s, rate, rng) if r["bench"] in want]
+        res["rows"] += R.bench_latency(target, shape, s, rate, rng, tuple(b for b in ("1", "2") if b in want))
     elif phase == "throughput" and ("3" in want or "mixed" in want):
         res["rows"] += R.bench_throughput(target, shape, s, rate, "mixed" in want, "3" in want)
     elif phase == "concurrency" and "4" in want and target.tokenizes and target.name != "bouquet-http-noop":

@@ -154,15 +154,18 @@ def _latency_row(bench: str, case: str, target: Target, ms: list[float], flops: 
     return row
 
 
-def bench_latency(target: Target, shape: ModelShape, s: Settings, rate: float, rng: np.random.Generator) -> list[dict[str, Any]]:
+def bench_latency(target: Target, shape: ModelShape, s: Settings, rate: float, rng: np.random.Generator,
+                  benchmarks: tuple[str, ...] = ("1", "2")) -> list[dict[str, Any]]:
+    """Benchmark 1 (batch 1 at each ``lat_lengths``) and 2 (``score_batches`` × ``score_len``), those
+    of the two in ``benchmarks``: one row per case."""
     rows = []
     vocab = shape.config["vocab_size"]
-    for L in (x for x in s.lat_lengths if x <= shape.max_len):
+    for L in (x for x in s.lat_lengths if x <= shape.max_len and "1" in benchmarks):
         seq = random_seqs(rng, [L], vocab)
         with MidSample(s.seconds / 2) as g:
             ms = _timed(lambda: target.embed_ids(seq), s)
         rows.append(_latency_row("1", f"b1 L{L}", target, ms, shape.sequence_flops(L), rate) | {"gpu": g.state})
-    for B in s.score_batches:
+    for B in (b for b in s.score_batches if "2" in benchmarks):
         seqs = random_seqs(rng, [s.score_len] * B, vocab)
         with MidSample(s.seconds / 2) as g:
             ms = _timed(lambda: target.embed_ids(seqs), s)

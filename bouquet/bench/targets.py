@@ -54,8 +54,8 @@ class EngineTarget(Target):
     cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
     attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
     ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
-    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``cublas``: every
-    GEMM by cuBLAS, none of the engine's Triton GEMMs (the split-K GEMM of small steps, splitk.py;
+    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``cublas``: none of
+    the engine's Triton GEMMs (cuBLAS, and ``torch._scaled_mm`` for fp8) (the split-K GEMM of small steps, splitk.py;
     the fused-epilogue GEMMs of large ones, fused_gemms.py): their baseline."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",

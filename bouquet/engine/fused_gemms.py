@@ -7,9 +7,10 @@ reads it back and writes [T, i] — at 16,384 tokens of Qwen3-0.6B a 300 MB roun
 computes the gate and up tiles of the same columns side by side (one x tile, two accumulators)
 and writes only the product, rounding where the two-kernel path rounds (gate and up, the
 activation, the product), so outputs differ only by the GEMM's summation order. Measured on the H200 (bench/probes/fused_gemms_probe.py,
-bench/results/h200-2026-12-01e): gate/up + SiLU 385 → 362 µs per layer at 16,384 tokens, 46.9 → 42.5 at 2,048,
-but 13.6 → 14.9 at 512 and 23.7 → 25.4 at 1,024 (Triton's GEMM reaches ~570 TFLOP/s where cuBLAS
-reaches ~650; below ~2,048 tokens the saved pass is smaller than that difference), hence
+bench/results/h200-2026-12-01e), the engine's tile against cuBLAS + the activation kernel: 383 → 369 and 373 →
+355 µs per layer at 16,384 tokens (two runs), 47.2 → 43.1 at 2,048; the sweep's best tiles were
+slower at 512 (13.6 → 14.9) and 1,024 (23.7 → 25.4): Triton's GEMM reaches ~580 TFLOP/s where
+cuBLAS reaches ~650–670, and below ~2,048 tokens the saved pass is smaller than that difference, hence
 ``MIN_TOKENS``. Whole steps (the engine with it off and on, in one process): Qwen3-0.6B 32 × 512
 30.7 → 30.1 ms, EmbeddingGemma-300m 11.3–11.8 → 11.0–11.2; but EmbeddingGemma's 8 × 256 (2,048
 tokens, i = 1,152: 144 output tiles, 1.1 waves of the H200's 132 SMs, the second nearly empty)

@@ -18,7 +18,7 @@ faster (Qwen3-0.6B 1.11 → 1.01 ms at 16 tokens, 1.22 → 1.13 at 128; bge-base
 
 What this module does not own: which projections may return parts (the models say so through
 ``quant.Projection(split_k=True)``: only those whose every reader is an add + norm kernel) or
-whether the engine uses it (``Engine(split_k=...)``: by default on Hopper and later GPUs).
+whether the engine uses it (``Engine(split_k=...)``: by default on NVIDIA Hopper GPUs).
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ class EmbedJobConfig:
     dtype: str = "auto"  # compute dtype: auto (bf16 GPU, fp32 CPU) | float32 | float16 | bfloat16
     output_dtype: str = "float32"  # float32 | float16
     quantization: str = "none"  # none | fp8 (engine/quant.py; ServeConfig.quantization)
+    triton_gemms: bool = True  # ServeConfig.triton_gemms: the engine's Triton GEMMs on Hopper (False: none)
     device: str = "auto"
     max_batch_tokens: int = 0  # 0 = auto, as the server (config.batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
@@ -143,7 +144,7 @@ def reserve_cores_for_engine(reserved: int = 2) -> None:
 
 
 def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, max_batch_seqs: int,
-                     quantization: str = "none") -> Any:
+                     quantization: str = "none", triton_gemms: bool = True) -> Any:
     """The engine a job runs on. On CUDA every batch up to the job's token budget is a CUDA-graph
     replay (so is the server's by default, whose budget and graph limit are both 16,384 tokens,
     but a job's budget may be larger): a job's batches are all near the budget,
@@ -154,7 +155,7 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
     dev = resolve_device(device)
     budget = batch_token_budget(max_batch_tokens, dev.type, spec.max_seq_length)
     return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs),
-                  quantization=quantization)
+                  quantization=quantization, **({} if triton_gemms else dict(split_k=False, fused_gemms=False)))
 
 
 class _Producer(threading.Thread):
@@ -253,7 +254,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
         # the engine refuses (fp8 probe, device) leaves the output folder as it was
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads(cfg.threads))  # process-wide: this job owns its process
-        engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization)
+        engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization,
+                                  cfg.triton_gemms)
         engine.warmup()
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest.save()  # before any shard, so an --overwrite that is interrupted leaves no stale list of done shards

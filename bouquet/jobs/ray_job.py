@@ -62,7 +62,8 @@ class EmbedActor:
         spec = load_spec(cfg.model)
         if device == "cpu":
             torch.set_num_threads(cpu_threads(cfg.threads))
-        self.engine = build_job_engine(spec, device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization)
+        self.engine = build_job_engine(spec, device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization,
+                                       cfg.triton_gemms)
         self.engine.warmup()
         self.spec, self.cfg = spec, cfg
         self.tokenizer = TextTokenizer(spec)
