@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import httpx
@@ -255,6 +256,26 @@ def test_openapi_schema_agrees_with_the_server(minilm_server, path, body, ok):
     valid = jsonschema.Draft202012Validator(schema).is_valid(body)
     status = httpx.post(minilm_server.url + path, json=body, timeout=30).status_code
     assert (valid, status) == (ok, 200 if ok else 400), (valid, status)
+
+
+@pytest.mark.parametrize("path,body,says", [
+    ("/v1/embeddings", {"input": "x", "dimensions": True}, "got true"),
+    ("/v1/embeddings", {"input": [None]}, "got null"),
+    ("/v1/embeddings", {"input": ["a", 3]}, "got a number"),
+    ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 'got "hex"'),
+    ("/v1/rerank", {"query": "q", "documents": ["a", {"text": None}]}, "got null"),
+    ("/embed", {"inputs": {"a": 1}}, "got an object"),
+])
+def test_errors_name_values_and_types_as_json(minilm_server, path, body, says):
+    """Messages describe the client's JSON (true, null, "hex", an object), not the gateway's Python
+    (True, NoneType, 'hex', dict): fresh-clone trial."""
+    r = httpx.post(minilm_server.url + path, json=body, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    message = err["message"] if isinstance(err, dict) else err
+    assert says in message, message
+    assert not re.search(r"\b(NoneType|True|False|dict)\b|got 'hex'", message), message
+    assert minilm_server.embed("next").status_code == 200
 
 
 def test_head_health_and_retrieve_model(minilm_server):

@@ -16,7 +16,7 @@ from typing import Any, Literal, Sequence
 
 from bouquet.config import ConfigError, ServeConfig
 from bouquet.gateway.core import Gateway
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.errors import APIError, bad_request, json_type
 from bouquet.modelspec import ModelSpec
 
 # The model a POST route needs: "embed" (embedding routes), "score" (rerank / score routes; an
@@ -79,7 +79,7 @@ class Catalog:
         gw = self.by_name.get(model) if isinstance(model, str) else None
         if gw is None:
             if not isinstance(model, str):
-                raise bad_request(f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
+                raise bad_request(f"'model' must be a string, got {json_type(model)}", "model", "invalid_type")
             served = ", ".join(f"'{g.public_id}'" for g in self.gateways)
             raise APIError(404, f"The model '{model}' does not exist; this server serves {served}", "model",
                            "model_not_found")

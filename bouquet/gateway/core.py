@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.errors import APIError, bad_request, json_type
 from bouquet.gateway.inputs import TextInputs, opt_str
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
@@ -48,7 +48,7 @@ class Gateway:
         if model is None:
             return
         if not isinstance(model, str):
-            raise bad_request(f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
+            raise bad_request(f"'model' must be a string, got {json_type(model)}", "model", "invalid_type")
         if model not in self.names:
             raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'",
                            "model", "model_not_found")

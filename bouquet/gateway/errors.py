@@ -42,6 +42,26 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param, code)
 
 
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+               list: "an array", dict: "an object"}
+
+
+def json_type(value: object) -> str:
+    """The JSON kind of a parsed request value, for messages ("got a boolean", "got null"): clients
+    wrote JSON, not Python (int, NoneType)."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A parsed request value as the client wrote it (JSON: true, null, "abc"), cut to ``limit``
+    characters, for messages."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def internal_error(exc: BaseException) -> APIError:
     """The 500 answer for an unexpected exception: names its type only (details go to the log)."""
     return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error")

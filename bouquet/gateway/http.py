@@ -13,7 +13,7 @@ import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.errors import APIError, bad_request, json_type
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -100,7 +100,7 @@ def parse_json(body: bytes) -> dict[str, Any]:
                               None, "invalid_json") from None
         raise bad_request(f"request body is not valid JSON: {e}", None, "invalid_json") from None
     if not isinstance(obj, dict):
-        raise bad_request(f"request body must be a JSON object, got {type(obj).__name__}", None, "invalid_json")
+        raise bad_request(f"request body must be a JSON object, got {json_type(obj)}", None, "invalid_json")
     return obj
 
 

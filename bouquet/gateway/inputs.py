@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 
 LongInput = Literal["truncate", "error", "chunk_mean", "chunks"]
 LONG_INPUT_MODES = ("truncate", "error", "chunk_mean", "chunks")
@@ -41,7 +41,7 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
             raise bad_request(f"'{param}' is an empty string; every input needs at least one character", param, "empty_input")
         return TextInputs([value], None, True)
     if not isinstance(value, list):
-        raise bad_request(f"'{param}' must be a string, a list of strings, or a list of token ids; got {type(value).__name__}",
+        raise bad_request(f"'{param}' must be a string, a list of strings, or a list of token ids; got {json_type(value)}",
                           param, "invalid_type")
     if not value:
         raise bad_request(f"'{param}' is an empty list; send at least one input", param, "empty_input")
@@ -51,7 +51,7 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
     if isinstance(first, str):
         for i, v in enumerate(value):
             if not isinstance(v, str):
-                raise bad_request(f"{param}[{i}] must be a string like the other items, got {type(v).__name__}", f"{param}[{i}]", "invalid_type")
+                raise bad_request(f"{param}[{i}] must be a string like the other items, got {json_type(v)}", f"{param}[{i}]", "invalid_type")
             if not v:
                 raise bad_request(f"{param}[{i}] is an empty string; every input needs at least one character",
                                   f"{param}[{i}]", "empty_input")
@@ -62,12 +62,12 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
     if isinstance(first, list):
         for i, v in enumerate(value):
             if not isinstance(v, list):
-                raise bad_request(f"{param}[{i}] must be a list of token ids, got {type(v).__name__}", f"{param}[{i}]", "invalid_type")
+                raise bad_request(f"{param}[{i}] must be a list of token ids, got {json_type(v)}", f"{param}[{i}]", "invalid_type")
             if not v:
                 raise bad_request(f"{param}[{i}] is an empty list of token ids", f"{param}[{i}]", "empty_input")
             _check_ids(v, f"{param}[{i}]")
         return TextInputs(None, list(value), False)
-    raise bad_request(f"{param}[0] must be a string, a token id or a list of token ids; got {type(first).__name__}",
+    raise bad_request(f"{param}[0] must be a string, a token id or a list of token ids; got {json_type(first)}",
                       f"{param}[0]", "invalid_type")
 
 
@@ -78,7 +78,7 @@ def _check_ids(ids: list[Any], param: str) -> None:
         return
     for j, t in enumerate(ids):
         if not _is_int(t):
-            raise bad_request(f"{param}[{j}] must be an integer token id, got {type(t).__name__}", param, "invalid_type")
+            raise bad_request(f"{param}[{j}] must be an integer token id, got {json_type(t)}", param, "invalid_type")
         if not -(2**31) <= t < 2**31:
             raise bad_request(f"{param}[{j}] = {t} is not a valid token id", param, "invalid_token_id")
 
@@ -88,7 +88,7 @@ def opt_bool(body: dict[str, Any], key: str) -> bool | None:
     if v is None:
         return None
     if not isinstance(v, bool):
-        raise bad_request(f"'{key}' must be true or false, got {v!r}", key, "invalid_type")
+        raise bad_request(f"'{key}' must be true or false, got {shown(v)}", key, "invalid_type")
     return v
 
 
@@ -97,7 +97,7 @@ def opt_int(body: dict[str, Any], key: str) -> int | None:
     if v is None:
         return None
     if not _is_int(v):
-        raise bad_request(f"'{key}' must be an integer, got {v!r}", key, "invalid_type")
+        raise bad_request(f"'{key}' must be an integer, got {shown(v)}", key, "invalid_type")
     return int(v)
 
 
@@ -106,9 +106,9 @@ def opt_str(body: dict[str, Any], key: str, choices: tuple[str, ...] | None = No
     if v is None:
         return None
     if not isinstance(v, str):
-        raise bad_request(f"'{key}' must be a string, got {type(v).__name__}", key, "invalid_type")
+        raise bad_request(f"'{key}' must be a string, got {json_type(v)}", key, "invalid_type")
     if choices is not None and v not in choices:
-        raise bad_request(f"'{key}' must be one of {list(choices)}, got {v!r}", key, "invalid_value")
+        raise bad_request(f"'{key}' must be one of {list(choices)}, got {shown(v)}", key, "invalid_value")
     return v
 
 

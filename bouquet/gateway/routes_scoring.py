@@ -13,7 +13,7 @@ import numpy as np
 from starlette.responses import Response
 
 from bouquet.gateway.core import PRIORITIES, Gateway
-from bouquet.gateway.errors import bad_request
+from bouquet.gateway.errors import bad_request, json_type
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.scoring import score_pairs
@@ -34,7 +34,7 @@ def parse_documents(value: Any, param: str, max_inputs: int) -> list[str]:
         for i, d in enumerate(value):
             if not isinstance(d, str):  # documents are text: no token ids, no numbers, no null text
                 raise bad_request(f"{param}[{i}] must be a string or an object with a 'text' string, got "
-                                  f"{'null' if d is None else type(d).__name__}", f"{param}[{i}]", "invalid_type")
+                                  f"{json_type(d)}", f"{param}[{i}]", "invalid_type")
     return parse_texts(value, param, max_inputs)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from starlette.responses import Response
 
 from bouquet.gateway.core import PRIORITIES, Gateway
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.errors import APIError, bad_request, shown
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import long_input_mode, opt_int, opt_str, parse_inputs
 from bouquet.gateway.pipeline import embed
@@ -82,7 +82,7 @@ def _options(body: dict[str, Any]) -> tuple[float, int | None]:
     Raises APIError 400 naming the field."""
     threshold = body.get("threshold", 0.0)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise bad_request(f"'threshold' must be a number >= 0, got {threshold!r}", "threshold", "invalid_value")
+        raise bad_request(f"'threshold' must be a number >= 0, got {shown(threshold)}", "threshold", "invalid_value")
     top_k = opt_int(body, "top_k")
     if top_k is not None and top_k < 1:
         raise bad_request(f"'top_k' must be at least 1, got {top_k}", "top_k", "invalid_value")
@@ -146,7 +146,7 @@ async def token_vectors(gw: Gateway, body: dict[str, Any], param: str, side: str
 def _tei_direction(body: dict[str, Any]) -> str:
     direction = (opt_str(body, "truncation_direction") or "right").lower()
     if direction not in ("left", "right"):
-        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {direction!r}",
+        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {shown(direction)}",
                           "truncation_direction", "invalid_value")
     return direction
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, TOKENIZER_THREADS, Gateway
-from bouquet.gateway.errors import APIError, bad_request
+from bouquet.gateway.errors import APIError, bad_request, shown
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.pipeline import embed
@@ -29,7 +29,7 @@ def _direction(body: dict[str, Any]) -> str:
     if v is None:
         return "right"
     if v.lower() not in ("left", "right"):
-        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {v!r}", "truncation_direction", "invalid_value")
+        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {shown(v)}", "truncation_direction", "invalid_value")
     return v.lower()
 
 
