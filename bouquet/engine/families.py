@@ -19,7 +19,7 @@ A decoder family (RMSNorm, rotary, gated MLP) is not a new file: subclass ``Deco
 ``decoder=True`` (causal unless config.json says bidirectional; see ``modelspec.is_causal``).
 A task model (``...ForSequenceClassification``) is a second row with ``score_head=True`` and
 ``pooling="cls"`` (a decoder's: ``decoder=True``, ``pooling="last"``, its class a
-``decoder.DecoderForSequenceClassification`` subclass naming the base model). A position
+``decoder_heads.DecoderForSequenceClassification`` subclass naming the base model). A position
 embedding table that reserves rows before position 0 (RoBERTa's ``padding_idx + 1``) is
 ``positions_after_padding=True``: the model reads the offset from ``position_offset`` and the
 spec's sequence limit shrinks by it, both from this one row.
@@ -111,7 +111,7 @@ FAMILIES: dict[str, Family] = {
     "DistilBertForSequenceClassification": Family("distilbert", "DistilBertForSequenceClassification",
                                                   score_head=True, pooling="cls"),
     "Qwen3Model": Family("decoder", "Qwen3Model", decoder=True, pooling="last"),
-    "Qwen3ForCausalLM": Family("decoder", "Qwen3ForCausalLM", embed_cls="Qwen3Model", decoder=True, pooling="last",
+    "Qwen3ForCausalLM": Family("decoder_heads", "Qwen3ForCausalLM", embed_cls="Qwen3Model", decoder=True, pooling="last",
                                reranker_template=QWEN3_RERANKER_TEMPLATE,
                                default_instruction=QWEN3_DEFAULT_INSTRUCTION),
     # gte-Qwen2 ships as Qwen2ForCausalLM: served as an embedder (its LM head unused)
@@ -122,8 +122,8 @@ FAMILIES: dict[str, Family] = {
     # EmbeddingGemma: bidirectional (use_bidirectional_attention), so mean pooling by default
     "Gemma3TextModel": Family("decoder", "Gemma3TextModel", decoder=True, pooling="last"),
     # decoder cross-encoders: a bias-free ``score`` layer on the last token (bidirectional or not)
-    **{f"{name}ForSequenceClassification": Family("decoder", f"{name}ForSequenceClassification", score_head=True,
-                                                  decoder=True, pooling="last")
+    **{f"{name}ForSequenceClassification": Family("decoder_heads", f"{name}ForSequenceClassification",
+                                                  score_head=True, decoder=True, pooling="last")
        for name in ("Qwen3", "Qwen2", "Mistral", "Gemma3Text")},
     "ModernBertModel": Family("modernbert", "ModernBertModel"),
     "ModernBertForSequenceClassification": Family("modernbert", "ModernBertForSequenceClassification",
