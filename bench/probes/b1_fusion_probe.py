@@ -25,7 +25,7 @@ import triton.language as tl
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+from bench.probes.probe_kernels import graph_us  # noqa: E402
 from bouquet.engine import splitk  # noqa: E402
 from bouquet.engine.kernels import _act  # noqa: E402
 
@@ -67,17 +67,6 @@ def gated_down(gu: torch.Tensor, w: torch.Tensor, act: int, plan: splitk.SplitPl
         gu, w, parts, T, N, K, gu.stride(0), K_SPLIT=K // plan.parts, ACT=act, BM=plan.bm, BN=plan.bn, BK=plan.bk,
         num_warps=plan.warps, num_stages=plan.stages)
     return parts
-
-
-def graph_us(fn, n: int = LAYERS) -> float:  # type: ignore[no-untyped-def]
-    for i in range(n):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            fn(i)
-    return gpu_ms(g.replay, 20) / n * 1e3
 
 
 def main() -> None:

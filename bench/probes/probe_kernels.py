@@ -30,6 +30,19 @@ def gpu_ms(fn, reps: int = 50) -> float:
     return a.elapsed_time(b) / reps
 
 
+def graph_us(fn, n: int = 28, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
+    """GPU µs per call: ``fn(i)`` for i < n (28: a Qwen3-0.6B's layers, each with its own weights)
+    captured in one CUDA graph, replayed ``reps`` times."""
+    for i in range(n):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n):
+            fn(i)
+    return gpu_ms(g.replay, reps) / n * 1e3
+
+
 def main() -> None:
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine

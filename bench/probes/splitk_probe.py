@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+from bench.probes.probe_kernels import gpu_ms, graph_us  # noqa: E402
 from bouquet.engine import splitk  # noqa: E402
 from bouquet.engine.layers import RMSNorm  # noqa: E402
 from bouquet.engine.ops import add_layer_norm, add_rms_norm  # noqa: E402
@@ -39,18 +39,6 @@ SHAPES = [("qwen3", "o", 2048, 1024, False), ("qwen3", "down", 3072, 1024, False
           ("bge", "o", 768, 768, True), ("bge", "down", 3072, 768, True),
           ("minilm", "o", 384, 384, True), ("minilm", "down", 1536, 384, True)]
 LAYERS = 28
-
-
-def graph_us(fn, n: int = LAYERS) -> float:  # type: ignore[no-untyped-def]
-    """GPU µs per call: ``fn(i)`` for i < n captured in one CUDA graph, replayed."""
-    for i in range(n):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            fn(i)
-    return gpu_ms(g.replay, 20) / n * 1e3
 
 
 def plans(T: int, N: int, K: int, quick: bool) -> list[splitk.SplitPlan]:
