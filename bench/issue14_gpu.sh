@@ -14,6 +14,9 @@
 #   splitk bench/probes/splitk_probe.py: split-K Triton GEMM vs cuBLAS at batch 1 (plans, with the norm reader, engines); SPLITK_ARGS.
 #   fmlp   bench/probes/fused_gemms_probe.py: Triton GEMMs with fused epilogues vs cuBLAS + the elementwise kernel; FMLP_ARGS.
 #   b1fuse bench/probes/b1_fusion_probe.py: the gated activation in the split-K down GEMM's A loads vs activation + split-K; B1FUSE_ARGS.
+#   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
+#          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
+# BENCH_MODELS / BENCH_BENCHMARKS narrow the bench step (default both models, 1,2,3,mixed).
 # TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
 # accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
@@ -41,9 +44,10 @@ if has bench; then
     sys=""
     for s in $( [ "$run" = all ] && echo $systems || echo $run ); do sys="$sys --system $s"; done
     out="$R/bench"; [ "$run" = all ] || out="$R/bench-$run"
-    timeout 480 python3 -m bouquet bench --model qwen3-0.6b --model bge-base $sys \
+    models=""; for m in ${BENCH_MODELS:-qwen3-0.6b bge-base}; do models="$models --model $m"; done
+    timeout 480 python3 -m bouquet bench $models $sys \
       --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
-      --thr-lengths 512,1024 --score-batches 5,25 --benchmarks 1,2,3,mixed --out "$out" > "$out.log" 2>&1
+      --thr-lengths 512,1024 --score-batches 5,25 --benchmarks ${BENCH_BENCHMARKS:-1,2,3,mixed} --out "$out" > "$out.log" 2>&1
     grep -h "^| b\|cosine" "$out/results.md" | head -40
     bundle
   done
@@ -97,5 +101,12 @@ fi
 if has b1fuse; then
   timeout 200 python3 bench/probes/b1_fusion_probe.py "$R/b1_fusion.json" ${B1FUSE_ARGS:-} > "$R/b1_fusion.log" 2>&1
   tail -n 8 "$R/b1_fusion.log"
+  bundle
+fi
+if has http; then
+  timeout 450 python3 -m bouquet bench --model qwen3-0.6b --system http --system http-cublas --device cuda --models-root $M \
+    --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --score-batches 5,25 --thr-lengths 512 --concurrency 1,16 \
+    --benchmarks ${HTTP_BENCHMARKS:-2,3,mixed,4} --gateway-workers 4 --out "$R/http" > "$R/http.log" 2>&1
+  grep -h "^| " "$R/http/results.md" | head -40
   bundle
 fi

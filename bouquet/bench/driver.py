@@ -26,7 +26,7 @@ from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerPr
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5")  # bench/README.md
 SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-cublas", "engine-fp8-cublas", "grpc", "http", "http-fp8", "http-graph8192",
-           "http-noop", "openai", "transformers")
+           "http-cublas", "http-noop", "openai", "transformers")
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,11 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
             "captured": stats["captured"], "capture_s": stats["capture_s"], "peak_mem_gib": peak}
 
 
+# systems that are `bouquet serve` with one option changed: the baselines of those changes
+_SERVE_ARGS = {"http-graph8192": ("--graph-max-tokens", "8192"),  # the graph limit before it became the step budget
+               "http-cublas": ("--no-triton-gemms",)}  # cuBLAS for every GEMM (no split-K, no gate/up + activation)
+
+
 def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[ServerProcess]) -> Target:
     if system.startswith("engine") and system in SYSTEMS:
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system.startswith("engine-fp8") else "none",
@@ -102,15 +107,14 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
                             fp8_rowwise=system == "engine-fp8-rowwise", cublas=system.endswith("-cublas"))
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
-    if system in ("grpc", "http", "http-noop", "http-fp8", "http-graph8192"):
+    if system in ("grpc", "http", "http-noop", "http-fp8", *_SERVE_ARGS):
         given = opts.grpc_address if system == "grpc" else opts.http_url if system == "http" else None
         if given is None:  # start our own and watch it while it loads
             servers.append(ServerProcess("grpc" if system == "grpc" else "http", model_dir, opts.device,
                                          gateway_workers=opts.gateway_workers, replicas_per_gpu=opts.replicas_per_gpu,
                                          engine="noop" if system == "http-noop" else "torch",
                                          quantization="fp8" if system == "http-fp8" else "none",
-                                         # the graph limit before it became the step budget: its baseline
-                                         serve_args=("--graph-max-tokens", "8192") if system == "http-graph8192" else ()))
+                                         serve_args=_SERVE_ARGS.get(system, ())))
         address = given or servers[-1].address
         remote: GrpcTarget | HttpTarget = (GrpcTarget(address) if system == "grpc" else
                                            HttpTarget(address, name="bouquet-" + system))
