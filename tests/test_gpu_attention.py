@@ -2,9 +2,6 @@
 reference and FlashAttention-2, eagerly and under CUDA-graph replay with other offsets (CUDA only)."""
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -92,71 +89,3 @@ def test_triton_varlen_graph_replay_with_other_offsets_equals_eager() -> None:
         want = triton_varlen(q, k, v, new_cu, 512, False)
         assert torch.equal(out, want)
         torch.testing.assert_close(out.float(), _reference(q, k, v, lengths, False), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("mode", ["q", "qk"])
-@pytest.mark.parametrize("norm", ["rms", "unit_offset", "none"])
-@pytest.mark.parametrize("heads", [(16, 8, 128), (12, 12, 64), (4, 1, 64)])
-def test_q_k_rope_in_the_kernel_equals_the_pass_first(mode: str, norm: str, heads: tuple[int, int, int]) -> None:
-    """attention.QKRope: the kernel norming and rotating q (and k) as it loads them gives what
-    ops.qk_norm_rope then the kernel gives, for Qwen3 / Gemma norms and rotary alone, causal and
-    not, with grouped-query heads and empty padding slots; the k-only pass leaves q raw."""
-    from bouquet.engine.attention import QKRope, triton_varlen
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import qk_norm_rope, rope_tables
-
-    H, Hkv, D = heads
-    lengths = [1, 7, 300, 64, 513, 16, 0, 0]
-    T = sum(lengths)
-    g = torch.Generator(device="cuda").manual_seed(3)
-    raw = torch.randn(T, (H + 2 * Hkv) * D, device="cuda", dtype=torch.bfloat16, generator=g)
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device="cuda", dtype=torch.int32)
-    pos = torch.cat([torch.arange(n, device="cuda") for n in lengths])
-    cos, sin = rope_tables(pos, D, 1e6)
-    qn = kn = None
-    if norm != "none":
-        qn, kn = (RMSNorm(D, 1e-6, norm == "unit_offset").cuda() for _ in range(2))
-        with torch.no_grad():
-            qn.weight.uniform_(-0.5, 1.5), kn.weight.uniform_(-0.5, 1.5)
-        qn, kn = qn.to(torch.bfloat16), kn.to(torch.bfloat16)
-    w = None if qn is None else torch.stack((qn.weight.detach(), kn.weight.detach()))
-    for causal in (False, True):
-        ref = raw.clone()
-        want = triton_varlen(*qk_norm_rope(ref, qn, kn, cos, sin, H, Hkv, D, w), cu, 513, causal)
-        x = raw.clone()
-        q, k, v = qk_norm_rope(x, qn, kn, cos, sin, H, Hkv, D, w, heads="k" if mode == "q" else "")
-        assert torch.equal(q, raw[:, :H * D].view(T, H, D)), "q must stay raw for the kernel"
-        if mode == "q":
-            torch.testing.assert_close(k, ref[:, H * D:(H + Hkv) * D].view(T, Hkv, D), atol=1e-3, rtol=1e-2)
-        rope = QKRope(cos, sin, w, 1e-6, norm == "unit_offset", mode == "qk")
-        got = triton_varlen(q, k, v, cu, 513, causal, rope=rope)
-        # the same arithmetic; only the RMS sum's order may differ (one bf16 ulp of a q or k element)
-        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-        assert (got.float() - want.float()).abs().mean().item() < 1e-3
-
-
-@pytest.mark.parametrize("shape,quantization", [("qwen3-0.6b", "none"), ("qwen3-0.6b", "fp8")])
-def test_engine_with_rope_in_the_kernel_equals_the_pass_first(tmp_path: Path, shape: str, quantization: str) -> None:
-    """Qwen3 (full width, two layers, random weights) with Engine(fused_rope=True / False), each
-    stepped the same way (eager first sight, capture, replay): batch 1 (the kernel takes q and k),
-    mixed lengths (q only), equal lengths (cuDNN: neither), the same vectors."""
-    from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
-
-    s = SHAPES[shape]
-    s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
-    spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
-    opts = dict(quantization=quantization, fp8_min_cosine=0.0)
-    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), fused_rope=False, **opts)
-    fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True), fused_rope=True, **opts)
-    rng = np.random.default_rng(0)
-    for lengths in ([1], [7], [128], [512], [100, 28], [300, 17, 64], [5] * 5):
-        batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
-        for _ in range(3):
-            want = plain.step(batch).wait()
-            got = fused.step(batch).wait()
-            cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-            assert cos.min() > (0.9999 if quantization == "none" else 0.998), (lengths, cos.min())

@@ -88,38 +88,17 @@ class AttnMeta:
     uniform: bool = False  # varlen only: all sequences have length max_seqlen (cuDNN SDPA path)
 
 
-@dataclass(frozen=True)
-class QKRope:
-    """q/k per-head RMSNorm and rotary (``ops.qk_norm_rope``'s arithmetic) for the Triton kernel to
-    apply as it loads q, and k when ``keys``: the pass that would rewrite them in ``qkv`` first is
-    skipped (for q), or skipped altogether. ``weight`` [2, D] (q_norm, k_norm; None: rotary only,
-    as Qwen2), cos/sin [T, D/2] float32 by packed token (``ops.rope_tables``)."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    weight: torch.Tensor | None
-    eps: float
-    unit_offset: bool
-    keys: bool
-
-
 class AttentionBackend:
     name = "base"
-
-    def rope_in_kernel(self, meta: AttnMeta, window: int | None, head_dim: int, tokens: int) -> str | None:
-        """Whether ``attend`` with this meta applies q/k RMSNorm + rotary itself (``QKRope``):
-        "q" (q only; k arrives normed and rotated), "qk", or None (both arrive ready)."""
-        return None
 
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
-               window: int | None = None, bias: torch.Tensor | None = None, rope: QKRope | None = None) -> torch.Tensor:
+               window: int | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] → [T, H, D]; ``window``: sliding-window half-width W
         (see the module docstring), None = the whole sequence; ``bias`` [H, L, L]: an additive
-        score bias by in-sequence positions (see the module docstring), not with ``window``;
-        ``rope``: only where ``rope_in_kernel`` asked for it (ValueError elsewhere)."""
+        score bias by in-sequence positions (see the module docstring), not with ``window``."""
         raise NotImplementedError
 
 
@@ -131,14 +110,10 @@ TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3),
 # cuDNN in every case measured (100 × 268 tokens 0.080 vs 0.136 ms, 100 × 512 0.168 vs 0.198, 64 × 128
 # 0.013 vs 0.016; call 3); with 64 and 128 cuDNN wins at 100 × 512 and 64 × 128.
 TRITON_UNIFORM_HEAD_DIMS = (32,)
-# Steps of at most this many tokens have the Triton kernel norm and rotate k too, not only q
-# (rope_in_kernel): each key block is transformed once per query block that reads it.
-ROPE_K_MAX_TOKENS = 128
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                  causal: bool, config: tuple[int, int, int, int] | None = None, pack_heads: bool = True,
-                  rope: QKRope | None = None) -> torch.Tensor:
+                  causal: bool, config: tuple[int, int, int, int] | None = None, pack_heads: bool = True) -> torch.Tensor:
     """Attention over packed sequences with the Triton kernel (``kernels.varlen_attn_kernel``):
     q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv; row strides free, head dim contiguous),
     cu_seqlens [B+1] int32, ``max_seqlen`` ≥ every length (a host int: it sizes the grid, so a
@@ -147,9 +122,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
     (``TRITON_ATTN_CONFIGS``). ``pack_heads``: with grouped-query attention, the query heads of
     one kv head share a program (BLOCK_M rows = BLOCK_M / group tokens × group heads), so each K/V
-    tile is read once for all of them. ``rope``: q (and k, ``rope.keys``) arrive raw and are normed
-    and rotated in the kernel (bitwise what ``ops.qk_norm_rope`` writes, the same Triton arithmetic).
-    Raises KeyError for a head dim without a config."""
+    tile is read once for all of them. Raises KeyError for a head dim without a config."""
     from bouquet.engine import kernels
 
     T, H, D = q.shape
@@ -158,16 +131,10 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
     o = q.new_empty((T, H, D))
     grid = (-(-max_seqlen // (bm // pack)), cu_seqlens.shape[0] - 1, H // pack)
-    r = rope
-    cos, sin = (r.cos, r.sin) if r is not None else (cu_seqlens, cu_seqlens)  # unread without rope
-    weight = r.weight if r is not None and r.weight is not None else cos
     kernels.varlen_attn_kernel[grid](
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
-        weight, cos, sin, r.eps if r is not None else 0.0,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, ROPE_Q=r is not None, ROPE_K=r is not None and r.keys,
-        NORM=r is not None and r.weight is not None, UNIT_OFFSET=r is not None and r.unit_offset,
-        num_warps=warps, num_stages=stages)
+        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     return o
 
 
@@ -194,40 +161,24 @@ class VarlenBackend(AttentionBackend):
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal, uniform=uniform)
 
-    def _triton_runs(self, meta: AttnMeta, w: int, head_dim: int) -> bool:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
+               window: int | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is not None:
+            return _biased_varlen(q, k, v, meta, bias)
+        w = window if _windowed(window, meta) else -1
         # Equal lengths: cuDNN (it takes no window: banded layers stay on FlashAttention-2); but one
         # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
         # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
         # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree.
-        if w >= 0 or not self.triton_takes(head_dim):
-            return False
-        return not meta.uniform or meta.cu_seqlens.shape[0] == 2 or head_dim in TRITON_UNIFORM_HEAD_DIMS
-
-    def rope_in_kernel(self, meta: AttnMeta, window: int | None, head_dim: int, tokens: int) -> str | None:
-        """Steps that run the Triton kernel take q's RMSNorm + rotary in it ("q"), and k's too
-        ("qk") up to ``ROPE_K_MAX_TOKENS`` tokens, where the extra work on each key block (once
-        per query block) costs less than the pass it replaces."""
-        if not self._triton_runs(meta, window if _windowed(window, meta) else -1, head_dim):
-            return None
-        return "qk" if tokens <= ROPE_K_MAX_TOKENS else "q"
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
-               window: int | None = None, bias: torch.Tensor | None = None, rope: QKRope | None = None) -> torch.Tensor:
-        """As ``AttentionBackend.attend``; ``rope``: q (and k) still to be normed and rotated, only
-        where ``rope_in_kernel`` said so (the Triton kernel applies it; ValueError elsewhere)."""
-        if bias is not None:
-            return _biased_varlen(q, k, v, meta, bias)
-        w = window if _windowed(window, meta) else -1
-        contiguous = q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
-        if contiguous and self._triton_runs(meta, w, q.shape[2]):
-            return triton_varlen(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.causal, rope=rope)
-        if rope is not None:
-            raise ValueError("q/k rotary in the attention kernel: only where rope_in_kernel says so")
-        if meta.uniform and w < 0:
+        triton = w < 0 and self.triton_takes(q.shape[2]) and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+        if meta.uniform and w < 0 and not (triton and (meta.cu_seqlens.shape[0] == 2 or q.shape[2] in TRITON_UNIFORM_HEAD_DIMS)):
             return self._uniform(q, k, v, meta)
+        if triton:
+            return triton_varlen(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.causal)
         size = (w, 0) if meta.causal else (w, w)
         cu = meta.cu_seqlens
         return self._fn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, window_size=size)
+
 
     def uniform_kernel(self, head_dim: int) -> bool:
         """Whether batches of equal lengths (two or more sequences) run another kernel than ragged
@@ -270,9 +221,7 @@ class SdpaGroupedBackend(AttentionBackend):
         return AttnMeta(cu_seqlens, int(max_seqlen), causal, groups=groups)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
-               window: int | None = None, bias: torch.Tensor | None = None, rope: QKRope | None = None) -> torch.Tensor:
-        if rope is not None:
-            raise ValueError("sdpa_grouped applies no q/k rotary: rope_in_kernel said None")
+               window: int | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         assert meta.groups is not None
         gqa = k.shape[1] != q.shape[1]
         T, H, D = q.shape

@@ -115,8 +115,6 @@ class Engine:
     it was measured.
     ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
     steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
-    ``fused_rope``: decoders' q/k RMSNorm + rotary inside the Triton attention kernel where it runs
-    (``attention.QKRope``) instead of a pass of its own first; None = on for the same devices.
     Implements ``contract.StepEngine``.
     """
 
@@ -125,7 +123,7 @@ class Engine:
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
-                 split_k: bool | None = None, fused_gemms: bool | None = None, fused_rope: bool | None = None) -> None:
+                 split_k: bool | None = None, fused_gemms: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -162,12 +160,9 @@ class Engine:
         if fused_gemms is None:
             fused_gemms = _measured_gpu(self.device)
         self.fused_gemms = fused_gemms and self.device.type == "cuda"
-        self.fused_rope = _measured_gpu(self.device) if fused_rope is None else fused_rope
         for m in model.modules():
             if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
                 m.fused_gemms = self.fused_gemms
-            if hasattr(m, "fused_rope"):  # models/decoder.py: DecoderAttention
-                m.fused_rope = self.fused_rope
         self.causal = bool(model.causal)
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
         heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))

@@ -101,18 +101,21 @@ def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_p
         tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
 
 @triton.jit
-def _norm_rope(x1, x2, w1, w2, c, s, eps, AXIS: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr,
-               UNIT_OFFSET: tl.constexpr):
-    # The two rotary halves of some heads (model dtype; a head along AXIS) → per-head RMSNorm (NORM:
-    # weight halves w1/w2) then rotary with cos/sin halves c/s (fp32), rounded to the model dtype.
-    # The one arithmetic of ops.qk_norm_rope, whether the pass or the attention kernel runs it.
-    dt = x1.dtype
-    x1 = x1.to(tl.float32)
-    x2 = x2.to(tl.float32)
+def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
+                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    mask = (heads < n_heads) & (cols < HALF)
+    dt = qkv_ptr.dtype.element_ty
+    ptr = qkv_ptr + t * row_stride + heads * (2 * HALF) + cols
+    x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
     if NORM:
-        rstd = tl.expand_dims(tl.rsqrt((tl.sum(x1 * x1, axis=AXIS) + tl.sum(x2 * x2, axis=AXIS)) / (2 * HALF) + eps), AXIS)
-        w1 = w1.to(tl.float32)
-        w2 = w2.to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w = w_ptr + (heads >= n_q_heads).to(tl.int32) * (2 * HALF) + cols  # row 0: q_norm, row 1: k_norm
+        w1, w2 = tl.load(w).to(tl.float32), tl.load(w + HALF).to(tl.float32)
         if UNIT_OFFSET:  # Gemma's (1 + w), in fp32 before the one rounding
             y1 = (x1 * rstd * (1.0 + w1)).to(dt).to(tl.float32)
             y2 = (x2 * rstd * (1.0 + w2)).to(dt).to(tl.float32)
@@ -121,31 +124,10 @@ def _norm_rope(x1, x2, w1, w2, c, s, eps, AXIS: tl.constexpr, HALF: tl.constexpr
             y2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     else:  # Qwen2, Mistral: rotary only
         y1, y2 = x1, x2
-    return (y1 * c - y2 * s).to(dt), (y2 * c + y1 * s).to(dt)
-
-
-@triton.jit
-def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
-                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    # One program per token, all its q and k heads as a [HEADS, HALF] tile per half (heads below
-    # n_q_heads take w row 0, q_norm; the rest row 1, k_norm).
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HEADS)[:, None]
-    cols = tl.arange(0, HALF)[None, :]
-    mask = (heads < n_heads) & (cols < HALF)
-    ptr = qkv_ptr + t * row_stride + heads * (2 * HALF) + cols
-    x1 = tl.load(ptr, mask=mask, other=0.0)
-    x2 = tl.load(ptr + HALF, mask=mask, other=0.0)
-    w = w_ptr + (heads >= n_q_heads).to(tl.int32) * (2 * HALF) + cols
-    w1, w2 = x1, x2
-    if NORM:
-        w1, w2 = tl.load(w), tl.load(w + HALF)
     c = tl.load(cos_ptr + t * HALF + cols)
     s = tl.load(sin_ptr + t * HALF + cols)
-    y1, y2 = _norm_rope(x1, x2, w1, w2, c, s, eps, 1, HALF, NORM, UNIT_OFFSET)
-    tl.store(ptr, y1, mask=mask)  # in place: this program read its token already
-    tl.store(ptr + HALF, y2, mask=mask)
-
+    tl.store(ptr, (y1 * c - y2 * s).to(dt), mask=mask)  # in place: this program read its token already
+    tl.store(ptr + HALF, (y2 * c + y1 * s).to(dt), mask=mask)
 
 @triton.jit
 def _act(g, ACT: tl.constexpr):
@@ -252,35 +234,16 @@ def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_
 
 
 @triton.jit
-def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk_scale, c_ptrs, s_ptrs, kw1, kw2, eps,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, ROPE_K: tl.constexpr,
-                NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     # One key block of online softmax (log2 domain): k_ptrs [D, BN], v_ptrs [BN, D] at key 0.
-    # ROPE_K: k_ptrs [D/2, BN] point at the first rotary half of raw keys, c_ptrs / s_ptrs [D/2, BN]
-    # at the keys' cos / sin rows: the block is normed (k_norm halves kw1, kw2) and rotated here.
-    HALF: tl.constexpr = D // 2
     keys = start_n + offs_n
-    valid = keys < n
-    if ROPE_K:
-        if MASKED:
-            k1 = tl.load(k_ptrs, mask=valid[None, :], other=0.0)
-            k2 = tl.load(k_ptrs + HALF, mask=valid[None, :], other=0.0)
-            cs = tl.load(c_ptrs, mask=valid[None, :], other=0.0)
-            sn = tl.load(s_ptrs, mask=valid[None, :], other=0.0)
-        else:
-            k1 = tl.load(k_ptrs)
-            k2 = tl.load(k_ptrs + HALF)
-            cs = tl.load(c_ptrs)
-            sn = tl.load(s_ptrs)
-        k1, k2 = _norm_rope(k1, k2, kw1, kw2, cs, sn, eps, 0, HALF, NORM, UNIT_OFFSET)
-        k = tl.reshape(tl.permute(tl.join(k1, k2), (2, 0, 1)), (D, k1.shape[1]))  # [D, BN]: halves stacked
-    elif MASKED:
-        k = tl.load(k_ptrs, mask=valid[None, :], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
     if MASKED:
+        valid = keys < n
+        k = tl.load(k_ptrs, mask=valid[None, :], other=0.0)
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
     else:
+        k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
     s = tl.dot(q, k) * qk_scale  # [BM, BN] fp32
     if MASKED:
@@ -297,20 +260,16 @@ def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk
 
 
 @triton.jit
-def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale, w_ptr, cos_ptr, sin_ptr, eps,
+def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                        GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, ROPE_Q: tl.constexpr, ROPE_K: tl.constexpr,
-                       NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr):
     # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
     # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
     # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
     # is that head // GROUP. Key blocks wholly visible to every row of the block run without
     # masks; only the last (and, causal, the diagonal) blocks are masked.
-    # ROPE_Q / ROPE_K: q / k arrive as the qkv GEMM wrote them and get ops.qk_norm_rope's per-head
-    # RMSNorm (NORM; w_ptr [2, D]: q_norm, k_norm) and rotary (cos/sin [T, D/2] fp32) as they load.
     TOKS: tl.constexpr = BM // PACK
-    HALF: tl.constexpr = D // 2
     pid_m = tl.program_id(0)
     seq = tl.program_id(1)
     g = tl.program_id(2)
@@ -324,37 +283,10 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale, w_ptr, cos_
     head = g * PACK + rows % PACK  # [BM] query head of each row
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
-    offs_h = tl.arange(0, HALF)
     kh = (g * PACK) // GROUP
-    q_rows = q_ptr + (start + tok[:, None]) * sq_t + head[:, None] * sq_h
-    in_q = tok[:, None] < n
-    if ROPE_Q:
-        x1 = tl.load(q_rows + offs_h[None, :], mask=in_q, other=0.0)
-        x2 = tl.load(q_rows + HALF + offs_h[None, :], mask=in_q, other=0.0)
-        w1, w2 = x1, x2
-        if NORM:
-            w1 = tl.load(w_ptr + offs_h)[None, :]
-            w2 = tl.load(w_ptr + HALF + offs_h)[None, :]
-        t_rows = (start + tok[:, None]) * HALF + offs_h[None, :]
-        c = tl.load(cos_ptr + t_rows, mask=in_q, other=0.0)
-        s = tl.load(sin_ptr + t_rows, mask=in_q, other=0.0)
-        q1, q2 = _norm_rope(x1, x2, w1, w2, c, s, eps, 1, HALF, NORM, UNIT_OFFSET)
-        q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (BM, D))  # [BM, D]: the halves side by side
-    else:
-        q = tl.load(q_rows + offs_d[None, :], mask=in_q, other=0.0)
-    kw1 = qk_scale  # placeholders: read only with ROPE_K and NORM
-    kw2 = qk_scale
-    if ROPE_K:
-        k_ptrs = k_ptr + (start + offs_n[None, :]) * sk_t + kh * sk_h + offs_h[:, None]  # [HALF, BN]
-        c_ptrs = cos_ptr + (start + offs_n[None, :]) * HALF + offs_h[:, None]
-        s_ptrs = sin_ptr + (start + offs_n[None, :]) * HALF + offs_h[:, None]
-        if NORM:
-            kw1 = tl.load(w_ptr + D + offs_h)[:, None]
-            kw2 = tl.load(w_ptr + D + HALF + offs_h)[:, None]
-    else:
-        k_ptrs = k_ptr + (start + offs_n[None, :]) * sk_t + kh * sk_h + offs_d[:, None]  # [D, BN]
-        c_ptrs = cos_ptr
-        s_ptrs = sin_ptr
+    q = tl.load(q_ptr + (start + tok[:, None]) * sq_t + head[:, None] * sq_h + offs_d[None, :], mask=tok[:, None] < n,
+                other=0.0)
+    k_ptrs = k_ptr + (start + offs_n[None, :]) * sk_t + kh * sk_h + offs_d[:, None]
     v_ptrs = v_ptr + (start + offs_n[:, None]) * sv_t + kh * sv_h + offs_d[None, :]
     m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BM,), dtype=tl.float32)
@@ -367,15 +299,13 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale, w_ptr, cos_
         full = (n // BN) * BN
     for start_n in range(0, full, BN):
         m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
-                                    tok, offs_n, n, qk_scale, c_ptrs + start_n * HALF, s_ptrs + start_n * HALF,
-                                    kw1, kw2, eps, False, CAUSAL, D, ROPE_K, NORM, UNIT_OFFSET)
+                                    tok, offs_n, n, qk_scale, False, CAUSAL)
     for start_n in range(full, hi, BN):
         m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
-                                    tok, offs_n, n, qk_scale, c_ptrs + start_n * HALF, s_ptrs + start_n * HALF,
-                                    kw1, kw2, eps, True, CAUSAL, D, ROPE_K, NORM, UNIT_OFFSET)
+                                    tok, offs_n, n, qk_scale, True, CAUSAL)
     out = acc / l_i[:, None]
     tl.store(o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=in_q)
+             out.to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M

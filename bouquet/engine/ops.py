@@ -222,8 +222,8 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float) -> tupl
 
 
 def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | None, cos: torch.Tensor,
-                 sin: torch.Tensor, n_q: int, n_kv: int, head_dim: int, qk_weight: torch.Tensor | None = None,
-                 heads: str = "qk") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 sin: torch.Tensor, n_q: int, n_kv: int, head_dim: int, qk_weight: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused QKV rows [T, (n_q + 2·n_kv)·head_dim] → (q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]):
     per-head RMSNorm of q and k (``q_norm``/``k_norm``; both None: no norm, as in Qwen2 and
     Mistral), then rotary embedding (rotate-half convention, cos/sin from ``rope_tables``).
@@ -232,10 +232,6 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
     On CUDA (fp16/bf16, power-of-two head_dim) one kernel rewrites q and k in place inside
     ``qkv``, and q/k/v are views of it; ``qk_weight`` [2, D] = stacked q_norm/k_norm weights
     (built at load time; derived here when None). Elsewhere: eager PyTorch, new tensors.
-
-    ``heads``: which heads the kernel rewrites, "qk", "k" or "" — the rest are left for the
-    attention kernel to norm and rotate as it loads them (attention.QKRope; CUDA path only,
-    ValueError elsewhere).
     """
     T = qkv.shape[0]
     nq, nkv = n_q * head_dim, n_kv * head_dim
@@ -243,17 +239,14 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
     if k is not None and qkv.dim() == 2 and qkv.stride(1) == 1 and head_dim >= 16 and head_dim & (head_dim - 1) == 0:
         if qk_weight is None:
             qk_weight = qkv if q_norm is None or k_norm is None else torch.stack((q_norm.weight, k_norm.weight))
-        if T and heads:
-            rows, n_rows_q = (qkv, n_q) if heads == "qk" else (qkv[:, nq:], 0)  # "k": from the first k column
-            n = n_rows_q + n_kv
-            k.qk_norm_rope_kernel[(T,)](rows, qk_weight, cos, sin, qkv.stride(0), n_rows_q, n,
-                                 0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=k.next_pow2(n),
+        if T:
+            heads = k.next_pow2(n_q + n_kv)
+            k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
+                                 0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
-                                 num_warps=4 if k.next_pow2(n) * head_dim <= 4096 else 8)
+                                 num_warps=4 if heads * head_dim <= 4096 else 8)
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
-    if heads != "qk":
-        raise ValueError("qk_norm_rope: heads other than 'qk' need the CUDA kernel")
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
     c = torch.cat((cos, cos), dim=-1)[:, None, :].to(qkv.dtype)  # [T, 1, D], HF's bf16 tables
     s = torch.cat((sin, sin), dim=-1)[:, None, :].to(qkv.dtype)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta, QKRope
+from bouquet.engine.attention import AttentionBackend, AttnMeta
 from bouquet.engine.families import architecture_of
 from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
@@ -115,8 +115,6 @@ class DecoderAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
             self.k_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
 
-    fused_rope = False  # set by the engine (Engine(fused_rope=...)): on where measured faster
-
     def fuse(self) -> None:
         self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
         self.o = Projection.of(self.o_proj, "o", defer=True, split_k=True)  # read by add + RMSNorm only
@@ -136,13 +134,9 @@ class DecoderAttention(nn.Module):
         [T, head_dim/2] float32 (``ops.rope_tables``)."""
         T = x.shape[0]
         qkv = self.qkv(x)  # [T, (H + 2·Hkv)·D]
-        # where the attention kernel norms and rotates q (and k) as it loads them, the pass skips them
-        mode = attn.rope_in_kernel(meta, window, self.head_dim, T) if self.fused_rope else None
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
-                               self.head_dim, self.qk_weight, heads={None: "qk", "q": "k", "qk": ""}[mode])
-        rope = None if mode is None else QKRope(cos, sin, self.qk_weight, self.q_norm.eps if self.q_norm else 0.0,
-                                                self.q_norm is not None and self.q_norm.unit_offset, mode == "qk")
-        a = attn.attend(q, k, v, meta, window, rope=rope).reshape(T, self.num_heads * self.head_dim)
+                               self.head_dim, self.qk_weight)
+        a = attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim)
         return self.o(quantize_rows(a) if self.o.use_fp8(T) else a)  # FlashAttention writes bf16: one cast pass
 
 
