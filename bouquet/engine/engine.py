@@ -31,7 +31,7 @@ from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
-from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, SMALL_MAX_TOKENS, compile_now
+from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, compile_now
 from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
@@ -113,10 +113,8 @@ class Engine:
     ``split_k``: the split-K GEMM for the hidden-size projections of steps up to
     ``splitk.MAX_TOKENS`` tokens; None = on for Hopper GPUs (CUDA compute capability 9.x), where
     it was measured.
-    ``fused_gemms``: Triton GEMMs with the next pass in their epilogue (fused_gemms.py): gated MLPs'
-    gate/up with the activation for steps of at least ``fused_gemms.MIN_TOKENS`` tokens, and for
-    steps of at most ``SMALL_MAX_TOKENS`` the qkv (+ bias), gate/up + activation and encoders' up
-    + bias + activation GEMMs; None = on for the same devices.
+    ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
+    steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
     Implements ``contract.StepEngine``.
     """
 
@@ -163,10 +161,8 @@ class Engine:
             fused_gemms = _measured_gpu(self.device)
         self.fused_gemms = fused_gemms and self.device.type == "cuda"
         for m in model.modules():
-            if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP; models/bert.py: PostNormLayer
+            if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
                 m.fused_gemms = self.fused_gemms
-        for p in projections(model):  # and small steps' qkv (fused_gemms.small_linear)
-            p.small_gemm = self.fused_gemms and p.kind == "qkv"
         self.causal = bool(model.causal)
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
         heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
@@ -205,10 +201,9 @@ class Engine:
             log.info("engine: attention output / MLP down projections of steps up to %d tokens: %s", MAX_SPLITK_TOKENS,
                      "split-K Triton GEMM (the add + norm kernel sums the parts)" if self.split_k else "cuBLAS")
             if any(hasattr(m, "fused_gemms") for m in model.modules()):
-                log.info("engine: gated MLP of steps from %d tokens, and qkv / MLP in of steps up to %d: %s",
-                         FUSED_GEMMS_MIN_TOKENS, SMALL_MAX_TOKENS,
-                         "Triton GEMMs with the bias / activation in their epilogue" if self.fused_gemms
-                         else "cuBLAS, then the activation kernel")
+                log.info("engine: gated MLP of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
+                         "gate/up GEMM with the activation in its epilogue (Triton)" if self.fused_gemms
+                         else "cuBLAS gate/up, then the activation kernel")
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32

@@ -35,7 +35,7 @@ from bouquet.engine.families import architecture_of
 from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.fp8_rows import QRows, ScaledRows
-from bouquet.engine.fused_gemms import SMALL_MAX_TOKENS, gate_up_act, small_gate_up_act
+from bouquet.engine.fused_gemms import gate_up_act
 from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
 from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
@@ -167,8 +167,7 @@ class DecoderMLP(nn.Module):
         with ``fused_gemms``: the activation in gate/up's GEMM epilogue (fused_gemms.py)."""
         fp8_down = self.down.use_fp8(x.shape[0])
         if self.fused_gemms and not fp8_down and isinstance(x, torch.Tensor):
-            fn = small_gate_up_act if x.shape[0] <= SMALL_MAX_TOKENS else gate_up_act
-            h = fn(x, self.gate_up.weight, self.act)  # None where it does not apply
+            h = gate_up_act(x, self.gate_up.weight, self.act)  # None where it does not apply
             if h is not None:
                 return self.down(h)
         return self.down(self.act_mul(self.gate_up(x), fp8_down))  # gate_up [T, 2i]
