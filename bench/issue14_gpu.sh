@@ -14,6 +14,7 @@
 #   splitk bench/probes/splitk_probe.py: split-K Triton GEMM vs cuBLAS at batch 1 (plans, with the norm reader, engines); SPLITK_ARGS.
 #   fmlp   bench/probes/fused_gemms_probe.py: Triton GEMMs with fused epilogues vs cuBLAS + the elementwise kernel; FMLP_ARGS.
 #   b1fuse bench/probes/b1_fusion_probe.py: the gated activation in the split-K down GEMM's A loads vs activation + split-K; B1FUSE_ARGS.
+#   single bench/probes/attn_single_probe.py: the one-sequence attention tile in whole engines, before / after.
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
 # BENCH_MODELS / BENCH_BENCHMARKS narrow the bench step (default both models, 1,2,3,mixed).
@@ -101,6 +102,11 @@ fi
 if has b1fuse; then
   timeout 200 python3 bench/probes/b1_fusion_probe.py "$R/b1_fusion.json" ${B1FUSE_ARGS:-} > "$R/b1_fusion.log" 2>&1
   tail -n 8 "$R/b1_fusion.log"
+  bundle
+fi
+if has single; then
+  timeout 300 python3 bench/probes/attn_single_probe.py "$R/attn_single.json" --models-root $M > "$R/attn_single.log" 2>&1
+  tail -n 4 "$R/attn_single.log"
   bundle
 fi
 if has http; then

@@ -48,6 +48,10 @@ def test_triton_varlen_matches_the_reference(causal: bool, heads: tuple[int, int
     for max_seqlen in (513, 1024):  # exact and loose (a graph bucket's bound)
         got = triton_varlen(q, k, v, cu, max_seqlen, causal)
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    for n in (1, 100, 513):  # one sequence: TRITON_SINGLE_CONFIGS' tiles
+        q1, k1, v1, cu1 = _packed([n], H, Hkv, D, seed=n)
+        torch.testing.assert_close(triton_varlen(q1, k1, v1, cu1, 1024, causal).float(),
+                                   _reference(q1, k1, v1, [n], causal), atol=2e-2, rtol=2e-2)
 
 
 def test_backend_routes_ragged_batches_to_triton_and_agrees_with_flash() -> None:

@@ -106,6 +106,11 @@ class AttentionBackend:
 # with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
 # the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
 TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
+# One sequence alone (batch 1, and every one-sequence graph bucket): 64-key blocks, the fastest tile
+# for every model at 128 and 512 tokens in the same sweeps, e.g. Qwen3-0.6B heads L512 0.0131 →
+# 0.0112 ms, bge-base 0.0096 → 0.0081, L128 0.0066 → 0.0065 and 0.0049 → 0.0048 (calls 9 and 3).
+TRITON_SINGLE_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
+                                                               128: (64, 64, 4, 3)}
 # Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
 # cuDNN in every case measured (100 × 268 tokens 0.080 vs 0.136 ms, 100 × 512 0.168 vs 0.198, 64 × 128
 # 0.013 vs 0.016; call 3); with 64 and 128 cuDNN wins at 100 × 512 and 64 × 128.
@@ -120,13 +125,14 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     loose bound under CUDA graphs only launches programs that exit at once) → [T, H, D] in q's
     dtype. Scores in fp32 with softmax scale 1/√D, online softmax (FlashAttention-2's algorithm,
     Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
-    (``TRITON_ATTN_CONFIGS``). ``pack_heads``: with grouped-query attention, the query heads of
+    (``TRITON_ATTN_CONFIGS``; ``TRITON_SINGLE_CONFIGS`` for one sequence). ``pack_heads``: with grouped-query attention, the query heads of
     one kv head share a program (BLOCK_M rows = BLOCK_M / group tokens × group heads), so each K/V
     tile is read once for all of them. Raises KeyError for a head dim without a config."""
     from bouquet.engine import kernels
 
     T, H, D = q.shape
-    bm, bn, warps, stages = config or TRITON_ATTN_CONFIGS[D]
+    single = cu_seqlens.shape[0] == 2  # static per graph bucket: its slot count
+    bm, bn, warps, stages = config or (TRITON_SINGLE_CONFIGS if single else TRITON_ATTN_CONFIGS)[D]
     group = H // k.shape[1]
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
     o = q.new_empty((T, H, D))
