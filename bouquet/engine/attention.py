@@ -106,9 +106,12 @@ class AttentionBackend:
 # with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
 # the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
 TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
-# One sequence alone (batch 1, and every one-sequence graph bucket): 64-key blocks, the fastest tile
-# for every model at 128 and 512 tokens in the same sweeps, e.g. Qwen3-0.6B heads L512 0.0131 →
-# 0.0112 ms, bge-base 0.0096 → 0.0081, L128 0.0066 → 0.0065 and 0.0049 → 0.0048 (calls 9 and 3).
+# One sequence of more than SINGLE_MIN_SEQLEN tokens alone (batch 1, one-sequence graph buckets):
+# 64-key blocks, the fastest tile for every model at 512 tokens in the same sweeps (Qwen3-0.6B heads
+# 0.0131 → 0.0112 ms, bge-base 0.0096 → 0.0081; calls 9 and 3) and in whole Qwen3-0.6B batch-1
+# replays (L512 1.690 → 1.642 ms, L2048 5.385 → 5.188), but not at 16 or 128 tokens (1.009 → 1.026,
+# 1.120 → 1.128: bench/results/h200-2026-12-01f call 5).
+SINGLE_MIN_SEQLEN = 128
 TRITON_SINGLE_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
                                                                128: (64, 64, 4, 3)}
 # Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
@@ -125,13 +128,13 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     loose bound under CUDA graphs only launches programs that exit at once) → [T, H, D] in q's
     dtype. Scores in fp32 with softmax scale 1/√D, online softmax (FlashAttention-2's algorithm,
     Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
-    (``TRITON_ATTN_CONFIGS``; ``TRITON_SINGLE_CONFIGS`` for one sequence). ``pack_heads``: with grouped-query attention, the query heads of
-    one kv head share a program (BLOCK_M rows = BLOCK_M / group tokens × group heads), so each K/V
+    (``TRITON_ATTN_CONFIGS``; ``TRITON_SINGLE_CONFIGS`` for one long sequence). ``pack_heads``:
+    with grouped-query attention, the query heads of one kv head share a program (BLOCK_M rows = BLOCK_M / group tokens × group heads), so each K/V
     tile is read once for all of them. Raises KeyError for a head dim without a config."""
     from bouquet.engine import kernels
 
     T, H, D = q.shape
-    single = cu_seqlens.shape[0] == 2  # static per graph bucket: its slot count
+    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN  # static per graph bucket
     bm, bn, warps, stages = config or (TRITON_SINGLE_CONFIGS if single else TRITON_ATTN_CONFIGS)[D]
     group = H // k.shape[1]
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
