@@ -15,6 +15,7 @@
 #   fmlp   bench/probes/fused_gemms_probe.py: Triton GEMMs with fused epilogues vs cuBLAS + the elementwise kernel; FMLP_ARGS.
 #   b1fuse bench/probes/b1_fusion_probe.py: the gated activation in the split-K down GEMM's A loads vs activation + split-K; B1FUSE_ARGS.
 #   single bench/probes/attn_single_probe.py: the one-sequence attention tile in whole engines, before / after.
+#   long   bench/probes/attn_long_single_probe.py: one long causal sequence, Triton vs cuDNN (exact and padded).
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
 # BENCH_MODELS / BENCH_BENCHMARKS narrow the bench step (default both models, 1,2,3,mixed).
@@ -107,6 +108,11 @@ fi
 if has single; then
   timeout 300 python3 bench/probes/attn_single_probe.py "$R/attn_single.json" --models-root $M > "$R/attn_single.log" 2>&1
   tail -n 4 "$R/attn_single.log"
+  bundle
+fi
+if has long; then
+  timeout 200 python3 bench/probes/attn_long_single_probe.py "$R/attn_long_single.json" > "$R/attn_long_single.log" 2>&1
+  tail -n 8 "$R/attn_long_single.log"
   bundle
 fi
 if has http; then
