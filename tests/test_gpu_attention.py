@@ -93,3 +93,24 @@ def test_triton_varlen_graph_replay_with_other_offsets_equals_eager() -> None:
         want = triton_varlen(q, k, v, new_cu, 512, False)
         assert torch.equal(out, want)
         torch.testing.assert_close(out.float(), _reference(q, k, v, lengths, False), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("n,rows", [(1500, 1500), (1500, 1536), (2048, 2048), (1024, 1024)])
+def test_one_long_causal_sequence_runs_cudnn_and_padding_stays_out(n: int, rows: int) -> None:
+    """One causal sequence of more than CUDNN_SINGLE_MIN_TOKENS rows: cuDNN over all rows (a graph
+    bucket's padding rows after the sequence included) equals the reference on the real rows;
+    bidirectional ones and 1,024 rows stay on the Triton kernel."""
+    from unittest import mock
+
+    from bouquet.engine import attention
+    from bouquet.engine.attention import select_backend
+
+    backend = select_backend(torch.device("cuda"), torch.bfloat16)
+    q, k, v, _ = _packed([rows], 16, 8, 128, seed=n)
+    cu = torch.tensor([0, n], device="cuda", dtype=torch.int32)
+    for causal in (True, False):
+        with mock.patch.object(attention, "triton_varlen", wraps=attention.triton_varlen) as tri:
+            got = backend.attend(q, k, v, backend.prepare(cu, rows, causal))
+        assert tri.called == (not causal or rows <= attention.CUDNN_SINGLE_MIN_TOKENS)
+        want = _reference(q[:n], k[:n], v[:n], [n], causal)
+        torch.testing.assert_close(got[:n].float(), want, atol=2e-2, rtol=2e-2)

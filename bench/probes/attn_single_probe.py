@@ -1,12 +1,13 @@
-"""Measure the one-sequence attention tile (attention.TRITON_SINGLE_CONFIGS) in whole engines.
+"""Measure one sequence's attention choices in whole engines: the tile above 128 tokens
+(attention.TRITON_SINGLE_CONFIGS) and cuDNN for a causal one above CUDNN_SINGLE_MIN_TOKENS rows.
 
 Usage (GPU): python3 bench/probes/attn_single_probe.py OUT.json [--models-root DIR] [--lengths 16,128,512,2048]
 
 The tile sweeps of bench/results/h200-2026-12-01 (calls 3 and 9) timed the attention kernel alone:
 for one sequence, 64-key blocks beat the shipped 32-key ones for every model at 128 and 512 tokens.
-Here Qwen3-0.6B and bge-base engines (random weights) are built with the multi-sequence tiles for
-one sequence too ("before") and with TRITON_SINGLE_CONFIGS ("single"), alternately, twice, in one
-process: batch-1 graph replays (GPU ms) and end-to-end step p50 (pack, copy in, replay, copy out),
+Here Qwen3-0.6B and bge-base engines (random weights) are built as before both ("before": the
+multi-sequence tiles for one sequence too, the Triton kernel at every length) and as now ("single"),
+alternately, twice, in one process: batch-1 graph replays (GPU ms) and end-to-end step p50 (pack, copy in, replay, copy out),
 the vectors of both compared.
 """
 from __future__ import annotations
@@ -35,10 +36,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
     ap.add_argument("--models-root", default="/tmp/bench-models")
-    ap.add_argument("--lengths", default="16,128,512,2048", help="batch-1 lengths (bge-base: those ≤ 512)")
+    ap.add_argument("--lengths", default="16,128,512,2048,4096", help="batch-1 lengths (bge-base: those ≤ 512)")
     a = ap.parse_args()
     lengths = [int(v) for v in a.lengths.split(",")]
-    single = dict(attention.TRITON_SINGLE_CONFIGS)
+    single, cudnn_min = dict(attention.TRITON_SINGLE_CONFIGS), attention.CUDNN_SINGLE_MIN_TOKENS
     R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "single": str(single),
                "before": str(attention.TRITON_ATTN_CONFIGS)}
     for name in ("qwen3-0.6b", "bge-base"):
@@ -47,6 +48,7 @@ def main() -> None:
         for tag in ("before", "single", "before", "single"):
             attention.TRITON_SINGLE_CONFIGS.clear()
             attention.TRITON_SINGLE_CONFIGS.update(single if tag == "single" else attention.TRITON_ATTN_CONFIGS)
+            attention.CUDNN_SINGLE_MIN_TOKENS = cudnn_min if tag == "single" else 1 << 30
             eng = Engine(spec, "cuda", "bfloat16", spin_wait=True)  # the bench's engine
             eng.warmup()
             for L in (n for n in lengths if n <= spec.max_seq_length):
@@ -71,6 +73,7 @@ def main() -> None:
         Path(a.out_json).write_text(json.dumps(R, indent=1))
     attention.TRITON_SINGLE_CONFIGS.clear()
     attention.TRITON_SINGLE_CONFIGS.update(single)
+    attention.CUDNN_SINGLE_MIN_TOKENS = cudnn_min
 
 
 if __name__ == "__main__":

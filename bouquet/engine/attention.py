@@ -40,15 +40,17 @@ where long sequences make attention a large share.
   0.190 vs 0.403 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
   0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
   Equal lengths keep cuDNN (Qwen3 heads 100 × 512: cuDNN 0.273 ms, Triton 0.424) except for one
-  sequence alone and for head dim 32 (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is faster.
+  sequence alone of up to ``CUDNN_SINGLE_MIN_TOKENS`` rows and for head dim 32
+  (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is faster.
   ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
   cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy), which is
   faster there (bench/results/h200-2026-11-29-run2-probe.json: attn_cudnn_ms vs attn_varlen_ms).
-  A causal model's single-slot graph bucket takes the same path with L = the bucket's tokens:
-  the padding rows sit after the one real sequence, and causal attention never lets a real row
-  see a later one, so real rows are exact (padding rows are discarded by pooling).
+  A causal model's one sequence of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows takes the same path
+  with L = all the rows, a single-slot graph bucket's padding included: the padding rows sit after
+  the one real sequence, and causal attention never lets a real row see a later one, so real rows
+  are exact (padding rows are discarded by pooling).
 - ``sdpa_grouped``: for the CPU (and fp32 on CUDA). Dense layers stay packed; attention groups
   the sequences by exact length and runs one unmasked SDPA call per group on ``[n, H, len, D]``
   gathered rows: no padding and no mask, so no wasted work (less than one padded, masked call
@@ -112,6 +114,12 @@ TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3),
 # replays (L512 1.690 → 1.642 ms, L2048 5.385 → 5.188), but not at 16 or 128 tokens (1.009 → 1.026,
 # 1.120 → 1.128: bench/results/h200-2026-12-01f call 5).
 SINGLE_MIN_SEQLEN = 128
+# ... but one causal sequence of more than CUDNN_SINGLE_MIN_TOKENS rows runs cuDNN: Qwen3-0.6B heads,
+# µs per layer Triton → cuDNN, 2,048 tokens 63.2 → 53.6, 4,096 194.3 → 151.6, 8,192 689 → 534; 1,000
+# 22.7 → 20.2 (kept on Triton: eager steps of 961–1,024 tokens would otherwise differ from their
+# 1,024-row graph bucket), 512 9.5 → 12.5 (bench/results/h200-2026-12-01f call 7).
+CUDNN_SINGLE_MIN_TOKENS = 1024
+CUDNN_SINGLE_HEAD_DIMS = (64, 128)
 TRITON_SINGLE_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
                                                                128: (64, 64, 4, 3)}
 # Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
@@ -178,10 +186,16 @@ class VarlenBackend(AttentionBackend):
         # Equal lengths: cuDNN (it takes no window: banded layers stay on FlashAttention-2); but one
         # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
         # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
-        # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree.
+        # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree;
+        # above CUDNN_SINGLE_MIN_TOKENS rows a causal one runs cuDNN again (eager and graph alike).
         triton = w < 0 and self.triton_takes(q.shape[2]) and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+        if (triton and meta.causal and meta.cu_seqlens.shape[0] == 2 and q.shape[0] > CUDNN_SINGLE_MIN_TOKENS
+                and q.shape[2] in CUDNN_SINGLE_HEAD_DIMS):
+            # one long causal sequence: cuDNN over all T rows, padding included (a graph bucket's
+            # rows past the sequence come after it, so causality keeps them out of its rows)
+            return self._dense(q, k, v, q.shape[0], True)
         if meta.uniform and w < 0 and not (triton and (meta.cu_seqlens.shape[0] == 2 or q.shape[2] in TRITON_UNIFORM_HEAD_DIMS)):
-            return self._uniform(q, k, v, meta)
+            return self._dense(q, k, v, meta.max_seqlen, meta.causal)
         if triton:
             return triton_varlen(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.causal)
         size = (w, 0) if meta.causal else (w, w)
@@ -195,16 +209,16 @@ class VarlenBackend(AttentionBackend):
         return not (self.triton_takes(head_dim) and head_dim in TRITON_UNIFORM_HEAD_DIMS)
 
     @staticmethod
-    def _uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
+    def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, L: int, causal: bool) -> torch.Tensor:
+        """T / L sequences of L tokens each, as cuDNN's dense [B, heads, L, D] layout (a view: no copy)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         T, H, D = q.shape
-        L = meta.max_seqlen
         qp, kp, vp = (x.view(T // L, L, x.shape[1], D).transpose(1, 2) for x in (q, k, v))  # [B, heads, L, D]
         # enable_gqa: cuDNN reads the shared K/V heads itself, faster than repeating K/V first
         # (bench/results/h200-2026-11-30/README.md, the Qwen3-0.6B attention profile).
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
-            out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=meta.causal, enable_gqa=k.shape[1] != H)
+            out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=k.shape[1] != H)
         return out.transpose(1, 2).reshape(T, H, D)
 
 
