@@ -18,7 +18,7 @@
 #   long   bench/probes/attn_long_single_probe.py: one long causal sequence, Triton vs cuDNN (exact and padded).
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
-# BENCH_MODELS / BENCH_BENCHMARKS narrow the bench step (default both models, 1,2,3,mixed).
+# BENCH_MODELS / BENCH_BENCHMARKS / LAT narrow the bench step (default both models, 1,2,3,mixed; 128,512).
 # TESTS overrides the GPU test files; KINDS_SHAPES the kinds probe's shapes; ACC_ARGS is appended to the
 # accuracy script's arguments (e.g. --encoder-kinds qkv,up,down); HOST_SHAPES the host probe's shapes.
 # Run through the wrapper: bash bench/gpu.sh bash bench/issue14_gpu.sh  (carry .whl, .carry/minilm-bf16, COMMIT)
@@ -48,7 +48,7 @@ if has bench; then
     out="$R/bench"; [ "$run" = all ] || out="$R/bench-$run"
     models=""; for m in ${BENCH_MODELS:-qwen3-0.6b bge-base}; do models="$models --model $m"; done
     timeout 480 python3 -m bouquet bench $models $sys \
-      --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths 128,512 \
+      --device cuda --models-root $M --seconds "${SECONDS_PER_CASE:-1.5}" --warmup-seconds 0.5 --lat-lengths ${LAT:-128,512} \
       --thr-lengths 512,1024 --score-batches 5,25 --benchmarks ${BENCH_BENCHMARKS:-1,2,3,mixed} --out "$out" > "$out.log" 2>&1
     grep -h "^| b\|cosine" "$out/results.md" | head -40
     bundle
