@@ -11,6 +11,9 @@ the activation kernel rounds: act to the model dtype, then the product), so the 
 and its launch go away; each program reads twice the A bytes of its K range, a few KB at these sizes.
 Timed as GPU µs per layer over 28 layers' distinct weights in one CUDA graph: activation kernel +
 split-K down (what runs) against the fused kernel, same plans (``splitk.plan_for``), parts compared.
+
+Measured (bench/results/h200-2026-12-01f, call 1): the fused kernel is 2–3× slower (Qwen3-0.6B at 128
+tokens 7.66 → 22.51 µs per layer): not built into the engine.
 """
 from __future__ import annotations
 
