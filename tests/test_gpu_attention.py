@@ -108,9 +108,42 @@ def test_one_long_causal_sequence_runs_cudnn_and_padding_stays_out(n: int, rows:
     backend = select_backend(torch.device("cuda"), torch.bfloat16)
     q, k, v, _ = _packed([rows], 16, 8, 128, seed=n)
     cu = torch.tensor([0, n], device="cuda", dtype=torch.int32)
-    for causal in (True, False):
+    for causal, whole_rows in ((True, True), (False, True), (True, False)):
         with mock.patch.object(attention, "triton_varlen", wraps=attention.triton_varlen) as tri:
-            got = backend.attend(q, k, v, backend.prepare(cu, rows, causal))
-        assert tri.called == (not causal or rows <= attention.CUDNN_SINGLE_MIN_TOKENS)
+            got = backend.attend(q, k, v, backend.prepare(cu, rows, causal, whole_rows=whole_rows))
+        assert tri.called == (not causal or not whole_rows or rows <= attention.CUDNN_SINGLE_MIN_TOKENS)
         want = _reference(q[:n], k[:n], v[:n], [n], causal)
         torch.testing.assert_close(got[:n].float(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape", ["qwen3-tiny-d64", "gemma3-causal-tiny-d64"])
+def test_engine_one_long_causal_sequence_graph_equals_eager(tmp_path: Path, shape: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,500 tokens in one step: eagerly (1,500 rows) and from a 1,536-row graph bucket (36 padding
+    rows). Qwen3 (one kind of layer) runs cuDNN over all rows; a causal Gemma3 with sliding and global
+    layers (a windowed layer leaves padding rows unwritten) must not: finite, graph == eager."""
+    from bouquet.bench.models import SHAPES, make_model_dir, tiny
+    from bouquet.engine import attention
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+    from tests.test_gpu_fastpath import _tokenizer
+
+    if shape == "qwen3-tiny-d64":
+        s = tiny(SHAPES["qwen3-0.6b"], hidden=128, heads=2)
+    else:
+        s = tiny(SHAPES["embeddinggemma-300m"], hidden=128, heads=2, layers=3)
+        s = replace(s, config=dict(s.config, use_bidirectional_attention=False, sliding_window=32,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+    s = replace(s, max_len=4096)
+    eng = Engine(load_spec(str(make_model_dir(s, tmp_path, _tokenizer()))), "cuda", graphs=GraphOptions(debug=True))
+    assert eng.causal and eng.mixed_windows == (shape != "qwen3-tiny-d64")
+    dense: list[int] = []
+    real = attention.VarlenBackend._dense
+    monkeypatch.setattr(attention.VarlenBackend, "_dense", staticmethod(lambda q, *a: dense.append(q.shape[0]) or real(q, *a)))
+    batch = Batch.pack([np.random.default_rng(1).integers(1000, 30000, size=1500, dtype=np.int32)])
+    rows = [eng.step(batch).wait() for _ in range(3)]  # eager, capture, replay
+    assert eng.replays(batch)
+    assert all(np.isfinite(r).all() for r in rows)
+    np.testing.assert_allclose(rows[2], rows[0], atol=1e-2, rtol=1e-2)
+    assert (1536 in dense and 1500 in dense) == (shape == "qwen3-tiny-d64"), dense

@@ -31,8 +31,8 @@ vs bge-base's (same shape; bge takes cuDNN on equal lengths) 0.82 vs 0.83 ms at 
 3.49 at 64 × 128, 5.09 vs 3.87 at 16 × 512, 9.27 vs 7.88 ms for the 64 mixed: up to ~30% slower
 where long sequences make attention a large share.
 
-- ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and every
-  CUDA-graph bucket) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
+- ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and the CUDA-graph
+  buckets that are not uniform) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
   head dims 32, 64 and 128; other head dims, sliding windows and ``varlen-flash`` run
   ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–2.1×
   FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
@@ -40,8 +40,9 @@ where long sequences make attention a large share.
   0.190 vs 0.403 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
   0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
   Equal lengths keep cuDNN (Qwen3 heads 100 × 512: cuDNN 0.273 ms, Triton 0.424) except for one
-  sequence alone of up to ``CUDNN_SINGLE_MIN_TOKENS`` rows and for head dim 32
-  (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is faster.
+  sequence alone and for head dim 32 (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is
+  faster — but a causal sequence alone of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows runs cuDNN
+  (head dims 64 and 128; below).
   ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
   is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
   (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
@@ -50,7 +51,8 @@ where long sequences make attention a large share.
   A causal model's one sequence of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows takes the same path
   with L = all the rows, a single-slot graph bucket's padding included: the padding rows sit after
   the one real sequence, and causal attention never lets a real row see a later one, so real rows
-  are exact (padding rows are discarded by pooling).
+  are exact (padding rows are discarded by pooling) as long as the padding rows hold finite values:
+  not for models whose layers mix windowed and global attention (``AttnMeta.whole_rows``).
 - ``sdpa_grouped``: for the CPU (and fp32 on CUDA). Dense layers stay packed; attention groups
   the sequences by exact length and runs one unmasked SDPA call per group on ``[n, H, len, D]``
   gathered rows: no padding and no mask, so no wasted work (less than one padded, masked call
@@ -88,12 +90,17 @@ class AttnMeta:
     causal: bool
     groups: "list[LengthGroup] | None" = None  # sdpa_grouped only
     uniform: bool = False  # varlen only: all sequences have length max_seqlen (cuDNN SDPA path)
+    # every layer computes every row it is given, padding rows included, whenever one does (False:
+    # the model's layers mix windowed and global attention, and FlashAttention-2 on a windowed layer
+    # leaves a graph bucket's padding rows unwritten: no kernel may then read them)
+    whole_rows: bool = True
 
 
 class AttentionBackend:
     name = "base"
 
-    def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
+    def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False,
+                whole_rows: bool = True) -> AttnMeta:
         return AttnMeta(cu_seqlens, max_seqlen, causal)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
@@ -142,7 +149,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     from bouquet.engine import kernels
 
     T, H, D = q.shape
-    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN  # static per graph bucket
+    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and _hopper(q.device)  # static per bucket
     bm, bn, warps, stages = config or (TRITON_SINGLE_CONFIGS if single else TRITON_ATTN_CONFIGS)[D]
     group = H // k.shape[1]
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
@@ -153,6 +160,13 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     return o
+
+
+@functools.lru_cache(maxsize=8)
+def _hopper(device: torch.device) -> bool:
+    """NVIDIA Hopper (compute capability 9.x), where TRITON_SINGLE_CONFIGS were measured and their
+    3-stage 64-key tiles fit (~112 KiB of shared memory at head dim 128; a T4 has 64)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _windowed(window: int | None, meta: AttnMeta) -> bool:
@@ -175,8 +189,9 @@ class VarlenBackend(AttentionBackend):
         """Whether sequences of this head dim (unwindowed, unbiased) run the Triton kernel."""
         return self.ragged == "triton" and head_dim in TRITON_ATTN_CONFIGS
 
-    def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
-        return AttnMeta(cu_seqlens, max_seqlen, causal, uniform=uniform)
+    def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False,
+                whole_rows: bool = True) -> AttnMeta:
+        return AttnMeta(cu_seqlens, max_seqlen, causal, uniform=uniform, whole_rows=whole_rows)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
                window: int | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,10 +204,11 @@ class VarlenBackend(AttentionBackend):
         # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree;
         # above CUDNN_SINGLE_MIN_TOKENS rows a causal one runs cuDNN again (eager and graph alike).
         triton = w < 0 and self.triton_takes(q.shape[2]) and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
-        if (triton and meta.causal and meta.cu_seqlens.shape[0] == 2 and q.shape[0] > CUDNN_SINGLE_MIN_TOKENS
-                and q.shape[2] in CUDNN_SINGLE_HEAD_DIMS):
+        if (triton and meta.causal and meta.whole_rows and meta.cu_seqlens.shape[0] == 2
+                and q.shape[0] > CUDNN_SINGLE_MIN_TOKENS and q.shape[2] in CUDNN_SINGLE_HEAD_DIMS):
             # one long causal sequence: cuDNN over all T rows, padding included (a graph bucket's
-            # rows past the sequence come after it, so causality keeps them out of its rows)
+            # rows past the sequence come after it, so causality keeps them out of its rows; their
+            # values must be finite, as cuDNN multiplies masked probabilities by V: whole_rows)
             return self._dense(q, k, v, q.shape[0], True)
         if meta.uniform and w < 0 and not (triton and (meta.cu_seqlens.shape[0] == 2 or q.shape[2] in TRITON_UNIFORM_HEAD_DIMS)):
             return self._dense(q, k, v, meta.max_seqlen, meta.causal)
@@ -225,7 +241,8 @@ class VarlenBackend(AttentionBackend):
 class SdpaGroupedBackend(AttentionBackend):
     name = "sdpa_grouped"
 
-    def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False) -> AttnMeta:
+    def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False,
+                whole_rows: bool = True) -> AttnMeta:
         cu = cu_seqlens.to(torch.int64).cpu()
         lengths = cu[1:] - cu[:-1]
         order = torch.argsort(lengths, stable=True)

@@ -164,6 +164,9 @@ class Engine:
             if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
                 m.fused_gemms = self.fused_gemms
         self.causal = bool(model.causal)
+        # layers with different attention windows (Gemma3's sliding / global): a windowed layer can
+        # leave padding rows unwritten, so no attention may read a whole padded bucket (AttnMeta.whole_rows)
+        self.mixed_windows = len({getattr(m, "window", None) for m in model.modules() if hasattr(m, "window")}) > 1
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
         heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
         self.head_dim = int(cfg.get("head_dim") or (hidden // heads if heads and hidden else 0))
@@ -256,12 +259,12 @@ class Engine:
         No host syncs and no data-dependent shapes (CUDA-graph safe with the varlen backend).
         ``uniform``: every sequence is ``max_seqlen`` long (eager batches only; cuDNN attention)."""
         if self.causal and cu.shape[0] == 2 and isinstance(self.attn, VarlenBackend) \
-                and not self.attn.triton_takes(self.head_dim):
+                and not self.attn.triton_takes(self.head_dim) and not self.mixed_windows:
             # one causal sequence + trailing padding: cuDNN over the whole bucket is exact and beats
-            # FlashAttention-2; the Triton kernel (the default) skips the padding rows instead
-            # (bench/results/h200-2026-12-01, calls 3 and 9)
+            # FlashAttention-2 (head dims the Triton kernel does not take; for those it takes,
+            # attention.VarlenBackend decides by length; bench/results/h200-2026-12-01, calls 3 and 9)
             uniform, max_seqlen = True, ids.shape[0]
-        meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform)
+        meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform, whole_rows=not self.mixed_windows)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
         out = self.model.head(self.pool(hidden, seg, cu)).float()
         return out if self.st_head is None else self.st_head(out)
@@ -285,7 +288,7 @@ class Engine:
             host = pack_inputs(batch, batch.num_tokens, batch.num_seqs, pin=self.device.type == "cuda")
             ids, pos, tt, _, cu = input_views(host.to(self.device, non_blocking=True), batch.num_tokens, batch.num_seqs)
             uniform = batch.max_seqlen * batch.num_seqs == batch.num_tokens
-            meta = self.attn.prepare(cu, batch.max_seqlen, self.causal, uniform)
+            meta = self.attn.prepare(cu, batch.max_seqlen, self.causal, uniform, whole_rows=not self.mixed_windows)
             hidden = self.model(ids, pos, tt if self.use_types else None, meta)  # [T, hidden]
             out = (self.token_head(hidden) if self.token_head is not None else hidden).float()
             if self.device.type != "cuda":
