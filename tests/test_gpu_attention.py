@@ -2,6 +2,9 @@
 reference and FlashAttention-2, eagerly and under CUDA-graph replay with other offsets (CUDA only)."""
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
