@@ -145,7 +145,8 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
     (``TRITON_ATTN_CONFIGS``; ``TRITON_SINGLE_CONFIGS`` for one long sequence). ``pack_heads``:
     with grouped-query attention, the query heads of one kv head share a program (BLOCK_M rows =
-    BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them. Raises KeyError for a head dim without a config."""
+    BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them. Raises
+    KeyError for a head dim without a config."""
     from bouquet.engine import kernels
 
     T, H, D = q.shape
