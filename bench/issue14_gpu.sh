@@ -16,6 +16,7 @@
 #   b1fuse bench/probes/b1_fusion_probe.py: the gated activation in the split-K down GEMM's A loads vs activation + split-K; B1FUSE_ARGS.
 #   single bench/probes/attn_single_probe.py: the one-sequence attention tile in whole engines, before / after.
 #   long   bench/probes/attn_long_single_probe.py: one long causal sequence, Triton vs cuDNN (exact and padded).
+#   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
 # BENCH_MODELS / BENCH_BENCHMARKS / LAT narrow the bench step (default both models, 1,2,3,mixed; 128,512).
@@ -108,6 +109,11 @@ fi
 if has single; then
   timeout 300 python3 bench/probes/attn_single_probe.py "$R/attn_single.json" --models-root $M > "$R/attn_single.log" 2>&1
   tail -n 4 "$R/attn_single.log"
+  bundle
+fi
+if has pdl; then
+  timeout ${PDL_TIMEOUT:-400} python3 bench/probes/pdl_probe.py "$R/pdl.json" --models-root $M ${PDL_ARGS:-} > "$R/pdl.log" 2>&1
+  tail -c 4000 "$R/pdl.log"
   bundle
 fi
 if has long; then

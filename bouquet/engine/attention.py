@@ -68,6 +68,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from bouquet.engine.pdl import launch_options
+
 log = logging.getLogger(__name__)
 
 
@@ -159,7 +161,8 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     kernels.varlen_attn_kernel[grid](
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+        **launch_options(q))
     return o
 
 

@@ -32,6 +32,7 @@ from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
 from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, compile_now
+from bouquet.engine.pdl import supported as pdl_supported
 from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
@@ -207,6 +208,8 @@ class Engine:
                 log.info("engine: gated MLP of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
                          "gate/up GEMM with the activation in its epilogue (Triton)" if self.fused_gemms
                          else "cuBLAS gate/up, then the activation kernel")
+            log.info("engine: Triton kernels launch %s", "with programmatic dependent launch (pdl.py)"
+                     if pdl_supported(self.device.index or 0) else "plainly (no programmatic dependent launch here)")
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32

@@ -13,7 +13,30 @@ add + norm kernels (PartialRows): split-K sums that ``_load_gemm_out`` adds up f
 import triton
 import triton.language as tl
 
+try:  # griddepcontrol (pdl.py): Triton 3.2+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - older Triton: pdl.supported() is False, PDL never set
+    gdc_launch_dependents = gdc_wait = None
+    HAS_GDC = False
+
 next_pow2 = triton.next_power_of_2
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    # pdl.py's contract: wait for the previous grid (and so every earlier one) before touching
+    # activations, then let the next grid's programs start on free SMs.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    # one L2 prefetch per pointer (a 128-byte line each); nothing is loaded into registers
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
+                              pack=1)
 
 
 @triton.jit
@@ -53,7 +76,9 @@ def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
 @triton.jit
 def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
                   part_stride, HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr,
-                  SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+                  SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -77,7 +102,9 @@ def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr
 @triton.jit
 def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
                    part_stride, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr,
-                   SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+                   SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -102,8 +129,10 @@ def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_p
 
 @triton.jit
 def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
-                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+                        HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                        PDL: tl.constexpr = False):
     # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
+    _pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, HEADS)[:, None]
     cols = tl.arange(0, HALF)[None, :]
@@ -148,7 +177,8 @@ def _act(g, ACT: tl.constexpr):
 
 @triton.jit
 def gated_act_kernel(gu_ptr, out_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, ACT: tl.constexpr, SCALED: tl.constexpr,
-                     XBIAS: tl.constexpr, BLOCK: tl.constexpr):
+                     XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -206,11 +236,12 @@ def _act_part(x_ptr, rs_ptr, cs_ptr, xb_ptr, row, n_cols, x_stride, start, ACT: 
 @triton.jit
 def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_stride, ACT: tl.constexpr,
                      GATED: tl.constexpr, SCALED: tl.constexpr, XBIAS: tl.constexpr, BLOCK: tl.constexpr,
-                     BLOCK1: tl.constexpr, BLOCK2: tl.constexpr):
+                     BLOCK1: tl.constexpr, BLOCK2: tl.constexpr, PDL: tl.constexpr = False):
     # One program per whole row (the scale needs its amax). GATED: the row holds [gate | up]
     # (2·n_cols) and the output is act(gate) · up, rounded as gated_act_kernel rounds it.
     # The row is up to three power-of-two parts (BLOCK, BLOCK1, BLOCK2; 0 = none): 3,072 columns
     # as 2,048 + 1,024 instead of one 4,096 tile whose masked quarter still costs instructions.
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     a0, c0, m0 = _act_part(x_ptr, rs_ptr, cs_ptr, xb_ptr, row, n_cols, x_stride, 0, ACT, GATED, SCALED, XBIAS, BLOCK)
     amax = tl.max(tl.abs(a0), axis=0)
@@ -263,12 +294,13 @@ def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk
 def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                        GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
     # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
     # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
     # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
     # is that head // GROUP. Key blocks wholly visible to every row of the block run without
     # masks; only the last (and, causal, the diagonal) blocks are masked.
+    _pdl_enter(PDL)
     TOKS: tl.constexpr = BM // PACK
     pid_m = tl.program_id(0)
     seq = tl.program_id(1)
@@ -310,13 +342,21 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
 def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr):
+                       BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False, LINES: tl.constexpr = 0):
     # Program (n, m, s): out[s, m-tile, n-tile] = x[m-tile, K range s] · w[n-tile, K range s]ᵀ in fp32,
     # K range s = [s·K_SPLIT, (s + 1)·K_SPLIT). At batch 1 an N = hidden projection has few output
     # tiles; splitting K gives every SM weights to stream. The reader sums the parts (splitk.py).
+    # LINES > 0 (with PDL): before waiting for the previous grid, prefetch this program's weights
+    # into L2, LINES 128-byte lines (64 fp16/bf16 values) per weight row (a power of two ≥ the
+    # range's lines; the surplus repeats the last line), so the stream overlaps the previous kernel.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
+    if PDL and LINES > 0:
+        line = tl.minimum(tl.arange(0, LINES), (K_SPLIT - 1) // 64)
+        wrow = (pid_n * BN + tl.arange(0, BN)).to(tl.int64) * K + pid_s * K_SPLIT
+        _prefetch_l2(w_ptr + wrow[:, None] + line[None, :] * 64)
+    _pdl_enter(PDL)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = pid_s * K_SPLIT + tl.arange(0, BK)

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from bouquet.engine.fp8_rows import (FP8, PartialRows, QRows, ScaledRows, materialize, norm_input_args,
                                      quantize_reference, unscale_args)
 from bouquet.engine.layers import RMSNorm, activation
+from bouquet.engine.pdl import launch_options
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -112,7 +113,8 @@ def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool
         parts = row_parts(n)
         k.act_quant_kernel[(T,)](raw, q, scale, n_cols=n, x_stride=raw.stride(0), ACT=_ACT_CODES[act], GATED=gated,
                                  BLOCK=parts[0], BLOCK1=parts[1], BLOCK2=parts[2],
-                                 num_warps=4 if parts[0] <= 2048 else 8 if parts[0] <= 8192 else 16, **scaled)
+                                 num_warps=4 if parts[0] <= 2048 else 8 if parts[0] <= 8192 else 16, **scaled,
+                                 **launch_options(raw))
     return QRows(q, scale)
 
 
@@ -142,7 +144,7 @@ def add_layer_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch
         block = k.next_pow2(x.shape[1])
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, n_cols=x.shape[1],
                                        eps=ln.eps, HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block,
-                                       num_warps=_warps(block), **args)
+                                       num_warps=_warps(block), **args, **launch_options(x))
     return QRows(q, scale, dense=out) if fp8 else out
 
 
@@ -172,7 +174,7 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
         bias = ln.weight if ln.bias is None else ln.bias  # never read without HAS_BIAS
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, n_cols=x.shape[1], eps=ln.eps,
                                        HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
-                                       num_warps=_warps(block), **norm_input_args(x)[2])
+                                       num_warps=_warps(block), **norm_input_args(x)[2], **launch_options(x))
     return out, s
 
 
@@ -208,7 +210,7 @@ def add_rms_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.T
         r = residual.contiguous() if residual is not None else x
         k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, n_cols=x.shape[1], eps=norm.eps,
                                         HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
-                                        BLOCK=block, num_warps=_warps(block), **args)
+                                        BLOCK=block, num_warps=_warps(block), **args, **launch_options(x))
     return (QRows(q, scale) if fp8 else out), s
 
 
@@ -244,7 +246,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
             k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
                                  0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
-                                 num_warps=4 if heads * head_dim <= 4096 else 8)
+                                 num_warps=4 if heads * head_dim <= 4096 else 8, **launch_options(qkv))
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
@@ -301,7 +303,7 @@ def _gated(gate_up: "torch.Tensor | ScaledRows", act: str, fp8: bool = False) ->
     if T:
         block = min(1024, k.next_pow2(n))
         k.gated_act_kernel[(T, -(-n // block))](raw, out, n_cols=n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4,
-                                                **scaled)
+                                                **scaled, **launch_options(raw))
     return out
 
 

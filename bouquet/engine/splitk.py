@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from bouquet.engine.fp8_rows import PartialRows
+from bouquet.engine.pdl import launch_options
 
 MAX_TOKENS = 128  # above this cuBLAS, or a split-K GEMM whose reader gives its gain back (12-01e call 1, below)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -36,7 +37,8 @@ _DTYPES = (torch.float16, torch.bfloat16)
 @dataclass(frozen=True)
 class SplitPlan:
     """Tiles of one split-K launch: output tile bm × bn, K step bk, ``parts`` K ranges; Triton's
-    num_warps / num_stages."""
+    num_warps / num_stages; ``prefetch``: with programmatic dependent launch (pdl.py), each
+    program prefetches its weights into L2 while the previous kernel still runs."""
 
     bm: int
     bn: int
@@ -44,6 +46,7 @@ class SplitPlan:
     parts: int
     warps: int = 4
     stages: int = 3
+    prefetch: bool = True
 
     def smem_bytes(self, elem: int = 2) -> int:
         """Shared memory the pipelined loads need (bytes): ``stages`` buffers of the x and w tiles
@@ -103,8 +106,11 @@ def splitk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     from bouquet.engine.ops import triton_kernels
     parts = torch.empty((plan.parts, T, N), dtype=torch.float32, device=x.device)
     if T:
+        k = triton_kernels()
         grid = (N // plan.bn, -(-T // plan.bm), plan.parts)
-        triton_kernels().splitk_gemm_kernel[grid](x, weight, parts, T, N, K, x.stride(0), K_SPLIT=K // plan.parts,
-                                                  BM=plan.bm, BN=plan.bn, BK=plan.bk, num_warps=plan.warps,
-                                                  num_stages=plan.stages)
+        k_split = K // plan.parts
+        pdl = launch_options(x)
+        lines = k.next_pow2(-(-k_split // 64)) if pdl and plan.prefetch else 0  # 64 values per 128-byte line
+        k.splitk_gemm_kernel[grid](x, weight, parts, T, N, K, x.stride(0), K_SPLIT=k_split, BM=plan.bm, BN=plan.bn,
+                                   BK=plan.bk, LINES=lines, num_warps=plan.warps, num_stages=plan.stages, **pdl)
     return PartialRows(parts, bias, x.dtype)

@@ -1,0 +1,69 @@
+"""Programmatic dependent launch on the GPU (engine/pdl.py): engines whose Triton kernels launch
+with PDL (wait, signal, the split-K weight prefetch) give the same bits as engines launching
+plainly — eager, at capture and over many graph replays, where a missing wait would show as a
+race — for the decoder and encoder shapes, bf16 and fp8."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_hopper_launches_with_pdl() -> None:
+    """On the GPUs it was measured on (compute capability 9.x) the engine does use PDL, so the
+    equality tests below compare two different launch modes."""
+    from bouquet.engine import pdl
+
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        pytest.skip("PDL is measured and on by default for Hopper only")
+    assert pdl.supported(0)
+    assert pdl.launch_options(torch.empty(1, device="cuda")) == {"PDL": True, "launch_pdl": True}
+    assert pdl.launch_options(torch.empty(1)) == {}
+
+
+@contextmanager
+def _plain_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from bouquet.engine import pdl
+
+    with monkeypatch.context() as m:
+        m.setattr(pdl, "supported", lambda index: False)
+        yield
+
+
+@pytest.mark.parametrize("shape,quantization", [("qwen3-0.6b", "none"), ("bge-base", "none"),
+                                                ("embeddinggemma-300m", "none"), ("qwen3-0.6b", "fp8"),
+                                                ("bge-base", "fp8")])
+def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantization: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine import pdl
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+    from tests.test_gpu_fastpath import _tokenizer
+
+    if not pdl.supported(0):
+        pytest.skip("no programmatic dependent launch on this GPU / CUDA / Triton")
+    s = SHAPES[shape]  # full width, two layers, a short vocabulary
+    s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
+    spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
+    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True))
+    with _plain_launches(monkeypatch):
+        plain = Engine(spec, "cuda", **opts)
+    with_pdl = Engine(spec, "cuda", **opts)
+    rng = np.random.default_rng(0)
+    for lengths in ([1], [7], [128], [300], [512], [100, 28], [5] * 5, [512] * 8):
+        batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
+        for i in range(8):  # eager, capture, then replays (a race would differ from one to the next)
+            with _plain_launches(monkeypatch):
+                want = plain.step(batch).wait()
+            got = with_pdl.step(batch).wait()
+            assert np.array_equal(got, want), (lengths, i, float(np.abs(got - want).max()))
+        assert with_pdl.replays(batch)
