@@ -3,9 +3,11 @@
 Usage (GPU): python3 bench/probes/pdl_probe.py OUT.json [--models-root DIR] [--lengths 16,128,512]
 [--models qwen3-0.6b,bge-base] [--rounds 2]
 
-For each model (random full-size weights, bf16) engines are built in turn, ``--rounds`` times:
-``off`` (``pdl.supported`` patched to False: plain launches, the baseline), ``pdl`` (wait + signal,
-no weight prefetch: ``SplitPlan.prefetch`` False) and ``pdl+prefetch`` (the default). Per batch-1
+For each model (random full-size weights, bf16) engines are built in turn, ``--rounds`` times, one
+per variant (``--variants``): ``off`` (``pdl.supported`` patched to False: plain launches, the
+baseline); ``early-all`` / ``late-all``: every Triton kernel with PDL, signalling at its start
+(``pdl.MODE`` 1) or after its last store (2); ``early`` / ``late``: only ``pdl.KERNELS``' default
+set; ``early-nopf``: that set without the split-K weight prefetch (``SplitPlan.prefetch``). Per batch-1
 length: GPU ms per graph replay (200 back to back), the p50 of ``step().wait()`` end to end (400
 steps), the kernels per replay (torch.profiler), and the largest |difference| of the outputs
 against ``off`` (PDL changes no arithmetic: expected 0). Then one large step per engine, 32 × 512
@@ -32,8 +34,8 @@ sys.path.insert(0, str(REPO))
 from bench.probes.probe_kernels import gpu_ms  # noqa: E402
 from bouquet.engine import pdl, splitk  # noqa: E402
 
-VARIANTS = ("off", "pdl", "pdl+prefetch")
-_SUPPORTED, _PLAN_FOR = pdl.supported, splitk.plan_for
+ALL_KERNELS = frozenset({"attention", "splitk", "norm_parts", "norm", "qk_norm_rope", "act", "act_quant"})
+_SUPPORTED, _PLAN_FOR, _MODE, _KERNELS = pdl.supported, splitk.plan_for, pdl.MODE, pdl.KERNELS
 
 
 def _no_prefetch(*args: int) -> "splitk.SplitPlan | None":
@@ -44,7 +46,13 @@ def _no_prefetch(*args: int) -> "splitk.SplitPlan | None":
 def use(variant: str) -> None:
     """Set the launch mode the next engine's kernels (and graph captures) take."""
     pdl.supported = (lambda i: False) if variant == "off" else _SUPPORTED
-    splitk.plan_for = _no_prefetch if variant == "pdl" else _PLAN_FOR
+    pdl.MODE = 2 if variant.startswith("late") else 1
+    pdl.KERNELS = ALL_KERNELS if variant.endswith("-all") else _KERNELS
+    splitk.plan_for = _no_prefetch if variant.endswith("-nopf") else _PLAN_FOR
+
+
+def restore() -> None:
+    pdl.supported, pdl.MODE, pdl.KERNELS, splitk.plan_for = _SUPPORTED, _MODE, _KERNELS, _PLAN_FOR
 
 
 def kernels_per_replay(replay) -> int:  # type: ignore[no-untyped-def]
@@ -59,7 +67,7 @@ def kernels_per_replay(replay) -> int:  # type: ignore[no-untyped-def]
                and "memset" not in e.name.lower())
 
 
-def run(root: Path, models: list[str], lengths: list[int], rounds: int) -> dict:
+def run(root: Path, models: list[str], lengths: list[int], rounds: int, variants: list[str]) -> dict:
     from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine.batch import Batch
     from bouquet.engine.buckets import bucket_for
@@ -74,7 +82,7 @@ def run(root: Path, models: list[str], lengths: list[int], rounds: int) -> dict:
         big = Batch.pack([rng.integers(1000, 30000, size=512, dtype=np.int32) for _ in range(32)])
         ref: dict = {}
         for r in range(rounds):
-            for v in VARIANTS:
+            for v in variants:
                 use(v)
                 eng = Engine(spec, "cuda", "bfloat16", spin_wait=True, graphs=GraphOptions(max_tokens=16384))
                 eng.warmup()
@@ -104,7 +112,7 @@ def run(root: Path, models: list[str], lengths: list[int], rounds: int) -> dict:
                         round(float(np.median(took[50:])) * 1e3, 4))
                 del eng
                 torch.cuda.empty_cache()
-        use("pdl+prefetch")
+        restore()
         print(name, json.dumps({k: v for k, v in R.items() if k.startswith(name)}), flush=True)
     return R
 
@@ -116,10 +124,12 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-0.6b,bge-base")
     ap.add_argument("--lengths", default="16,128,512")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", default="off,early-all,late-all,early,late,early-nopf")
     a = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "pdl_supported": _SUPPORTED(torch.cuda.current_device())}
-    res["engines"] = run(Path(a.models_root), a.models.split(","), [int(n) for n in a.lengths.split(",")], a.rounds)
+    res["engines"] = run(Path(a.models_root), a.models.split(","), [int(n) for n in a.lengths.split(",")], a.rounds,
+                         a.variants.split(","))
     Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 

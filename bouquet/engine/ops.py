@@ -73,6 +73,12 @@ def _fused(x: torch.Tensor, dtype: torch.dtype | None = None) -> ModuleType | No
     return triton_kernels() if x.is_cuda and (dtype or x.dtype) in _FUSED_DTYPES else None
 
 
+def _norm_kind(args: dict[str, object]) -> str:
+    """pdl.KERNELS' name for an add + norm launch (``norm_input_args``' arguments): "norm_parts"
+    when it reads split-K parts (its predecessor is our split-K kernel), else "norm"."""
+    return "norm_parts" if args["PARTS"] != 1 else "norm"
+
+
 def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8
 
@@ -114,7 +120,7 @@ def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool
         k.act_quant_kernel[(T,)](raw, q, scale, n_cols=n, x_stride=raw.stride(0), ACT=_ACT_CODES[act], GATED=gated,
                                  BLOCK=parts[0], BLOCK1=parts[1], BLOCK2=parts[2],
                                  num_warps=4 if parts[0] <= 2048 else 8 if parts[0] <= 8192 else 16, **scaled,
-                                 **launch_options(raw))
+                                 **launch_options(raw, "act_quant"))
     return QRows(q, scale)
 
 
@@ -144,7 +150,8 @@ def add_layer_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch
         block = k.next_pow2(x.shape[1])
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, n_cols=x.shape[1],
                                        eps=ln.eps, HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block,
-                                       num_warps=_warps(block), **args, **launch_options(x))
+                                       num_warps=_warps(block), **args,
+                                       **launch_options(x, _norm_kind(args)))
     return QRows(q, scale, dense=out) if fp8 else out
 
 
@@ -174,7 +181,8 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
         bias = ln.weight if ln.bias is None else ln.bias  # never read without HAS_BIAS
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, n_cols=x.shape[1], eps=ln.eps,
                                        HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
-                                       num_warps=_warps(block), **norm_input_args(x)[2], **launch_options(x))
+                                       num_warps=_warps(block), **norm_input_args(x)[2],
+                                       **launch_options(x, "norm"))
     return out, s
 
 
@@ -210,7 +218,8 @@ def add_rms_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.T
         r = residual.contiguous() if residual is not None else x
         k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, n_cols=x.shape[1], eps=norm.eps,
                                         HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
-                                        BLOCK=block, num_warps=_warps(block), **args, **launch_options(x))
+                                        BLOCK=block, num_warps=_warps(block), **args,
+                                        **launch_options(x, _norm_kind(args)))
     return (QRows(q, scale) if fp8 else out), s
 
 
@@ -246,7 +255,7 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
             k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
                                  0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
-                                 num_warps=4 if heads * head_dim <= 4096 else 8, **launch_options(qkv))
+                                 num_warps=4 if heads * head_dim <= 4096 else 8, **launch_options(qkv, "qk_norm_rope"))
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
@@ -303,7 +312,7 @@ def _gated(gate_up: "torch.Tensor | ScaledRows", act: str, fp8: bool = False) ->
     if T:
         block = min(1024, k.next_pow2(n))
         k.gated_act_kernel[(T, -(-n // block))](raw, out, n_cols=n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4,
-                                                **scaled, **launch_options(raw))
+                                                **scaled, **launch_options(raw, "act"))
     return out
 
 

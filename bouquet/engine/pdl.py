@@ -11,7 +11,7 @@ PTX ISA, ``griddepcontrol``). Stream capture keeps the relation as a programmati
 CUDA-graph replays get it too.
 
 The contract every kernel launched with ``launch_options`` keeps (``kernels._pdl_enter``): wait
-first, before any load or store of data another kernel writes or reads, then signal. Waiting
+first, before any load or store of data another kernel writes or reads, then signal (``MODE``). Waiting
 first keeps ordering transitive — the previous grid completes only after the one before it, so a
 wait covers every earlier kernel — and a grid may read only constants (weights) before it
 (``kernels.splitk_gemm_kernel`` prefetches its weight tile into L2 there). Kernels launched
@@ -47,10 +47,22 @@ def supported(device_index: int) -> bool:
     return kernels.HAS_GDC
 
 
-def launch_options(x: torch.Tensor) -> dict[str, bool]:
-    """Extra launch keywords for a Triton kernel working on ``x``'s device: ``PDL`` (the kernel's
-    constexpr: wait and signal) and ``launch_pdl`` (Triton's launch attribute) both True where
-    ``supported``, else none (the kernels' defaults: plain launches)."""
-    if x.is_cuda and supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
-        return {"PDL": True, "launch_pdl": True}
+# What a launch does with PDL (kernels._pdl_enter / _pdl_exit): 1 = wait, then signal at once (the
+# next grid's programs may start while this one runs); 2 = wait, signal after the last store.
+MODE = 1
+# The kernels that launch with PDL: those whose predecessor in a step is, as a rule, one of ours —
+# attention (after q/k-norm + rotary in decoders), the split-K GEMM (after attention or the gated
+# activation) and the add + norm kernels that read its parts ("norm_parts"). Left out: kernels after
+# cuBLAS GEMMs ("qk_norm_rope", "act", "act_quant", "norm" of a cuBLAS output), whose waiting
+# programs would sit on the SMs through the whole GEMM (bench/results/h200-2026-12-02).
+KERNELS = frozenset({"attention", "splitk", "norm_parts"})
+
+
+def launch_options(x: torch.Tensor, kernel: str) -> dict[str, int | bool]:
+    """Extra launch keywords for the Triton kernel ``kernel`` (a name of ``KERNELS``' kind) on
+    ``x``'s device: ``PDL`` (the kernel's constexpr: ``MODE``) and ``launch_pdl`` (Triton's launch
+    attribute) where ``supported`` and ``kernel`` is in ``KERNELS``, else none (plain launches)."""
+    if kernel in KERNELS and x.is_cuda and supported(x.device.index if x.device.index is not None
+                                                     else torch.cuda.current_device()):
+        return {"PDL": MODE, "launch_pdl": True}
     return {}

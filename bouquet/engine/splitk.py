@@ -109,7 +109,7 @@ def splitk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         k = triton_kernels()
         grid = (N // plan.bn, -(-T // plan.bm), plan.parts)
         k_split = K // plan.parts
-        pdl = launch_options(x)
+        pdl = launch_options(x, "splitk")
         lines = k.next_pow2(-(-k_split // 64)) if pdl and plan.prefetch else 0  # 64 values per 128-byte line
         k.splitk_gemm_kernel[grid](x, weight, parts, T, N, K, x.stride(0), K_SPLIT=k_split, BM=plan.bm, BN=plan.bn,
                                    BK=plan.bk, LINES=lines, num_warps=plan.warps, num_stages=plan.stages, **pdl)
