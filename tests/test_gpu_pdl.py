@@ -1,9 +1,9 @@
 """Programmatic dependent launch on the GPU (engine/pdl.py): engines whose Triton kernels launch
-with PDL (wait, signal, the split-K weight prefetch) give the same vectors as engines launching
+with PDL (wait, then signal) give the same vectors as engines launching
 plainly — eager, at capture and over many graph replays, where a missing wait would show as a
 race — for the decoder and encoder shapes, bf16 and fp8. Equal to 1e-6: PDL changes no
 arithmetic, but mean pooling sums rows with atomic adds (an fp32 ulp from run to run: 1.2e-7
-seen once for EmbeddingGemma at 300 tokens, 12-02 call 1); a race reads stale rows, far above."""
+seen once for EmbeddingGemma at 300 tokens, 12-01g call 1); a race reads stale rows, far above."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -27,9 +27,10 @@ def test_hopper_launches_with_pdl() -> None:
         pytest.skip("PDL is measured and on by default for Hopper only")
     assert pdl.supported(0)
     x = torch.empty(1, device="cuda")
-    assert pdl.launch_options(x, "splitk") == {"PDL": pdl.MODE, "launch_pdl": True}
-    assert pdl.launch_options(x, "qk_norm_rope") == {}  # after a cuBLAS GEMM: plain
-    assert pdl.launch_options(torch.empty(1), "splitk") == {}
+    assert pdl.launch_options(x, "splitk", 400) == {"PDL": True, "launch_pdl": True}
+    assert pdl.launch_options(x, "qk_norm_rope", 16) == {"PDL": True, "launch_pdl": True}
+    assert pdl.launch_options(x, "qk_norm_rope", 512) == {}  # a large grid after a cuBLAS GEMM: plain
+    assert pdl.launch_options(torch.empty(1), "splitk", 1) == {}
 
 
 @contextmanager

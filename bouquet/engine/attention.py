@@ -162,7 +162,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
-        **launch_options(q, "attention"))
+        **launch_options(q, "attention", grid[0] * grid[1] * grid[2]))
     return o
 
 

@@ -26,24 +26,11 @@ next_pow2 = triton.next_power_of_2
 @triton.jit
 def _pdl_enter(PDL: tl.constexpr):
     # pdl.py's contract: wait for the previous grid (and so every earlier one) before touching
-    # activations; PDL 1 then lets the next grid's programs start at once (PDL 2: at the end)
-    if PDL > 0:
+    # memory, then let the next grid's programs start at once (signalling after the last store
+    # instead measured slower: bench/results/h200-2026-12-01g)
+    if PDL:
         gdc_wait()
-    if PDL == 1:
         gdc_launch_dependents()
-
-
-@triton.jit
-def _pdl_exit(PDL: tl.constexpr):
-    if PDL == 2:  # this program's stores are issued: the next grid may start (it still waits for them)
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    # one L2 prefetch per pointer (a 128-byte line each); nothing is loaded into registers
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
-                              pack=1)
 
 
 @triton.jit
@@ -84,7 +71,7 @@ def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
 def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
                   part_stride, HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr,
                   SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
-                  PDL: tl.constexpr = 0):
+                  PDL: tl.constexpr = False):
     _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -105,13 +92,12 @@ def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr
     tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
     if QUANT:  # also the fp8 rows of the rounded output (quant.quantize_reference's rule)
         _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y.to(dt).to(tl.float32))
-    _pdl_exit(PDL)
 
 @triton.jit
 def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, eps,
                    part_stride, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr,
                    SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = 0):
+                   PDL: tl.constexpr = False):
     _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -134,12 +120,11 @@ def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_p
         _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y.to(dt).to(tl.float32))
     else:
         tl.store(out_ptr + row * n_cols + cols, y.to(dt), mask=mask)
-    _pdl_exit(PDL)
 
 @triton.jit
 def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads, n_heads, eps,
                         HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                        PDL: tl.constexpr = 0):
+                        PDL: tl.constexpr = False):
     # One program per token, all its q and k heads as a [HEADS, HALF] tile per half.
     _pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -166,7 +151,6 @@ def qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, row_stride, n_q_heads,
     s = tl.load(sin_ptr + t * HALF + cols)
     tl.store(ptr, (y1 * c - y2 * s).to(dt), mask=mask)  # in place: this program read its token already
     tl.store(ptr + HALF, (y2 * c + y1 * s).to(dt), mask=mask)
-    _pdl_exit(PDL)
 
 @triton.jit
 def _act(g, ACT: tl.constexpr):
@@ -187,7 +171,7 @@ def _act(g, ACT: tl.constexpr):
 
 @triton.jit
 def gated_act_kernel(gu_ptr, out_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, ACT: tl.constexpr, SCALED: tl.constexpr,
-                     XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+                     XBIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -200,7 +184,6 @@ def gated_act_kernel(gu_ptr, out_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, ACT: tl.co
         u = _unscale(u, rs_ptr, cs_ptr + n_cols, xb_ptr + n_cols, row, cols, mask, XBIAS).to(dt).to(tl.float32)
     a = _act(g, ACT).to(dt).to(tl.float32)  # HF rounds the activation first
     tl.store(out_ptr + row * n_cols + cols, (a * u).to(dt), mask=mask)
-    _pdl_exit(PDL)
 
 
 @triton.jit
@@ -247,7 +230,7 @@ def _act_part(x_ptr, rs_ptr, cs_ptr, xb_ptr, row, n_cols, x_stride, start, ACT: 
 @triton.jit
 def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_stride, ACT: tl.constexpr,
                      GATED: tl.constexpr, SCALED: tl.constexpr, XBIAS: tl.constexpr, BLOCK: tl.constexpr,
-                     BLOCK1: tl.constexpr, BLOCK2: tl.constexpr, PDL: tl.constexpr = 0):
+                     BLOCK1: tl.constexpr, BLOCK2: tl.constexpr, PDL: tl.constexpr = False):
     # One program per whole row (the scale needs its amax). GATED: the row holds [gate | up]
     # (2·n_cols) and the output is act(gate) · up, rounded as gated_act_kernel rounds it.
     # The row is up to three power-of-two parts (BLOCK, BLOCK1, BLOCK2; 0 = none): 3,072 columns
@@ -273,7 +256,6 @@ def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_
         tl.store(q_ptr + row * n_cols + c1, tl.clamp(a1 * inv, -448.0, 448.0).to(et), mask=m1)
     if BLOCK2 > 0:
         tl.store(q_ptr + row * n_cols + c2, tl.clamp(a2 * inv, -448.0, 448.0).to(et), mask=m2)
-    _pdl_exit(PDL)
 
 
 @triton.jit
@@ -306,7 +288,7 @@ def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk
 def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                        GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = 0):
+                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
     # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
     # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
     # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
@@ -350,25 +332,17 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
     out = acc / l_i[:, None]
     tl.store(o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
-    _pdl_exit(PDL)
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
 def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = 0, LINES: tl.constexpr = 0):
+                       BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
     # Program (n, m, s): out[s, m-tile, n-tile] = x[m-tile, K range s] · w[n-tile, K range s]ᵀ in fp32,
     # K range s = [s·K_SPLIT, (s + 1)·K_SPLIT). At batch 1 an N = hidden projection has few output
     # tiles; splitting K gives every SM weights to stream. The reader sums the parts (splitk.py).
-    # LINES > 0 (with PDL): before waiting for the previous grid, prefetch this program's weights
-    # into L2, LINES 128-byte lines (64 fp16/bf16 values) per weight row (a power of two ≥ the
-    # range's lines; the surplus repeats the last line), so the stream overlaps the previous kernel.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
-    if PDL > 0 and LINES > 0:
-        line = tl.minimum(tl.arange(0, LINES), (K_SPLIT - 1) // 64)
-        wrow = (pid_n * BN + tl.arange(0, BN)).to(tl.int64) * K + pid_s * K_SPLIT
-        _prefetch_l2(w_ptr + wrow[:, None] + line[None, :] * 64)
     _pdl_enter(PDL)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -383,4 +357,3 @@ def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.con
         a_ptrs += BK
         b_ptrs += BK
     tl.store(out_ptr + pid_s.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :], acc, mask=in_m)
-    _pdl_exit(PDL)

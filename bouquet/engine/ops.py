@@ -120,7 +120,7 @@ def act_quant(x: "torch.Tensor | ScaledRows", act: str = "identity", gated: bool
         k.act_quant_kernel[(T,)](raw, q, scale, n_cols=n, x_stride=raw.stride(0), ACT=_ACT_CODES[act], GATED=gated,
                                  BLOCK=parts[0], BLOCK1=parts[1], BLOCK2=parts[2],
                                  num_warps=4 if parts[0] <= 2048 else 8 if parts[0] <= 8192 else 16, **scaled,
-                                 **launch_options(raw, "act_quant"))
+                                 **launch_options(raw, "act_quant", T))
     return QRows(q, scale)
 
 
@@ -151,7 +151,7 @@ def add_layer_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, ln.bias, out, out, q, scale, n_cols=x.shape[1],
                                        eps=ln.eps, HAS_BIAS=True, KEEP_SUM=False, QUANT=fp8, BLOCK=block,
                                        num_warps=_warps(block), **args,
-                                       **launch_options(x, _norm_kind(args)))
+                                       **launch_options(x, _norm_kind(args), x.shape[0]))
     return QRows(q, scale, dense=out) if fp8 else out
 
 
@@ -182,7 +182,7 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
         k.add_ln_kernel[(x.shape[0],)](x, residual, ln.weight, bias, out, s, out, out, n_cols=x.shape[1], eps=ln.eps,
                                        HAS_BIAS=ln.bias is not None, KEEP_SUM=True, QUANT=False, BLOCK=block,
                                        num_warps=_warps(block), **norm_input_args(x)[2],
-                                       **launch_options(x, "norm"))
+                                       **launch_options(x, "norm", x.shape[0]))
     return out, s
 
 
@@ -219,7 +219,7 @@ def add_rms_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.T
         k.add_rms_kernel[(x.shape[0],)](x, r, norm.weight, out, s, q, scale, n_cols=x.shape[1], eps=norm.eps,
                                         HAS_RES=residual is not None, UNIT_OFFSET=norm.unit_offset, QUANT=fp8,
                                         BLOCK=block, num_warps=_warps(block), **args,
-                                        **launch_options(x, _norm_kind(args)))
+                                        **launch_options(x, _norm_kind(args), x.shape[0]))
     return (QRows(q, scale) if fp8 else out), s
 
 
@@ -255,7 +255,8 @@ def qk_norm_rope(qkv: torch.Tensor, q_norm: RMSNorm | None, k_norm: RMSNorm | No
             k.qk_norm_rope_kernel[(T,)](qkv, qk_weight, cos, sin, qkv.stride(0), n_q, n_q + n_kv,
                                  0.0 if q_norm is None else q_norm.eps, HALF=head_dim // 2, HEADS=heads,
                                  NORM=q_norm is not None, UNIT_OFFSET=q_norm is not None and q_norm.unit_offset,
-                                 num_warps=4 if heads * head_dim <= 4096 else 8, **launch_options(qkv, "qk_norm_rope"))
+                                 num_warps=4 if heads * head_dim <= 4096 else 8,
+                                 **launch_options(qkv, "qk_norm_rope", T))
         q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
         return q.view(T, n_q, head_dim), kk.view(T, n_kv, head_dim), v.view(T, n_kv, head_dim)
     q, kk, v = qkv.split((nq, nkv, nkv), dim=-1)
@@ -312,7 +313,7 @@ def _gated(gate_up: "torch.Tensor | ScaledRows", act: str, fp8: bool = False) ->
     if T:
         block = min(1024, k.next_pow2(n))
         k.gated_act_kernel[(T, -(-n // block))](raw, out, n_cols=n, ACT=_ACT_CODES[act], BLOCK=block, num_warps=4,
-                                                **scaled, **launch_options(raw, "act"))
+                                                **scaled, **launch_options(raw, "act", T * -(-n // block)))
     return out
 
 

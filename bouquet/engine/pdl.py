@@ -11,14 +11,14 @@ PTX ISA, ``griddepcontrol``). Stream capture keeps the relation as a programmati
 CUDA-graph replays get it too.
 
 The contract every kernel launched with ``launch_options`` keeps (``kernels._pdl_enter``): wait
-first, before any load or store of data another kernel writes or reads, then signal (``MODE``). Waiting
+first, before any load or store of data another kernel writes or reads, then signal. Waiting
 first keeps ordering transitive — the previous grid completes only after the one before it, so a
-wait covers every earlier kernel — and a grid may read only constants (weights) before it
-(``kernels.splitk_gemm_kernel`` prefetches its weight tile into L2 there). Kernels launched
-without the attribute (cuBLAS, PyTorch's) keep full stream order; a wait without PDL is a no-op.
+wait covers every earlier kernel. Kernels launched without the attribute (cuBLAS, PyTorch's) keep
+full stream order; a wait without PDL is a no-op.
 
-What this module does NOT own: which kernels take part (their launch sites pass
-``launch_options``) or any kernel code.
+Which launches take part is decided here (``launch_options``: measured, see ``MAX_PROGRAMS``);
+what this module does NOT own is kernel code or the launch sites, which pass their kernel's name
+and grid size.
 """
 from __future__ import annotations
 
@@ -47,22 +47,25 @@ def supported(device_index: int) -> bool:
     return kernels.HAS_GDC
 
 
-# What a launch does with PDL (kernels._pdl_enter / _pdl_exit): 1 = wait, then signal at once (the
-# next grid's programs may start while this one runs); 2 = wait, signal after the last store.
-MODE = 1
-# The kernels that launch with PDL: those whose predecessor in a step is, as a rule, one of ours —
-# attention (after q/k-norm + rotary in decoders), the split-K GEMM (after attention or the gated
-# activation) and the add + norm kernels that read its parts ("norm_parts"). Left out: kernels after
-# cuBLAS GEMMs ("qk_norm_rope", "act", "act_quant", "norm" of a cuBLAS output), whose waiting
-# programs would sit on the SMs through the whole GEMM (bench/results/h200-2026-12-02).
-KERNELS = frozenset({"attention", "splitk", "norm_parts"})
+# Kernels whose predecessor in a step is one of ours, as a rule: the split-K GEMM (after attention
+# or the gated activation) and the add + norm kernels that read its parts. They always take PDL.
+FOLLOWS_OURS = frozenset({"splitk", "norm_parts"})
+# The others (attention, q/k-norm + rotary, the activations, norms of a cuBLAS output) follow a
+# cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
+# grid this small, as their programs may start early and wait on the SMs through the whole
+# predecessor: all of them with PDL made Qwen3-0.6B's batch-1 replays 8.8% faster at 16 tokens but
+# 0.7% / 6.6% slower at 128 / 512 (bench/results/h200-2026-12-01g, call 2).
+MAX_PROGRAMS = 64
 
 
-def launch_options(x: torch.Tensor, kernel: str) -> dict[str, int | bool]:
-    """Extra launch keywords for the Triton kernel ``kernel`` (a name of ``KERNELS``' kind) on
-    ``x``'s device: ``PDL`` (the kernel's constexpr: ``MODE``) and ``launch_pdl`` (Triton's launch
-    attribute) where ``supported`` and ``kernel`` is in ``KERNELS``, else none (plain launches)."""
-    if kernel in KERNELS and x.is_cuda and supported(x.device.index if x.device.index is not None
-                                                     else torch.cuda.current_device()):
-        return {"PDL": MODE, "launch_pdl": True}
+def launch_options(x: torch.Tensor, kernel: str, programs: int) -> dict[str, bool]:
+    """Extra launch keywords for the Triton kernel ``kernel`` (a name as in ``FOLLOWS_OURS``:
+    "splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant") launching
+    ``programs`` programs on ``x``'s device: ``PDL`` (the kernel's constexpr: wait, then signal)
+    and ``launch_pdl`` (Triton's launch attribute) where ``supported`` and the kernel follows ours
+    or ``programs`` ≤ ``MAX_PROGRAMS``; else none (a plain launch)."""
+    if not (kernel in FOLLOWS_OURS or programs <= MAX_PROGRAMS) or not x.is_cuda:
+        return {}
+    if supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+        return {"PDL": True, "launch_pdl": True}
     return {}

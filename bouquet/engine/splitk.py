@@ -37,8 +37,7 @@ _DTYPES = (torch.float16, torch.bfloat16)
 @dataclass(frozen=True)
 class SplitPlan:
     """Tiles of one split-K launch: output tile bm × bn, K step bk, ``parts`` K ranges; Triton's
-    num_warps / num_stages; ``prefetch``: with programmatic dependent launch (pdl.py), each
-    program prefetches its weights into L2 while the previous kernel still runs."""
+    num_warps / num_stages."""
 
     bm: int
     bn: int
@@ -46,7 +45,6 @@ class SplitPlan:
     parts: int
     warps: int = 4
     stages: int = 3
-    prefetch: bool = True
 
     def smem_bytes(self, elem: int = 2) -> int:
         """Shared memory the pipelined loads need (bytes): ``stages`` buffers of the x and w tiles
@@ -109,8 +107,7 @@ def splitk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         k = triton_kernels()
         grid = (N // plan.bn, -(-T // plan.bm), plan.parts)
         k_split = K // plan.parts
-        pdl = launch_options(x, "splitk")
-        lines = k.next_pow2(-(-k_split // 64)) if pdl and plan.prefetch else 0  # 64 values per 128-byte line
         k.splitk_gemm_kernel[grid](x, weight, parts, T, N, K, x.stride(0), K_SPLIT=k_split, BM=plan.bm, BN=plan.bn,
-                                   BK=plan.bk, LINES=lines, num_warps=plan.warps, num_stages=plan.stages, **pdl)
+                                   BK=plan.bk, num_warps=plan.warps, num_stages=plan.stages,
+                                   **launch_options(x, "splitk", grid[0] * grid[1] * grid[2]))
     return PartialRows(parts, bias, x.dtype)
