@@ -93,6 +93,7 @@ def run(root: Path, models: list[str], lengths: list[int], rounds: int, variants
         for key, batch in cases.items():
             for _ in range(rounds):  # GPU ms per replay, variants in turn
                 for v in variants:
+                    engines[v].step(batch).wait()  # the graph reads the inputs last copied in: this batch's
                     R.setdefault(f"{name}/{key}_replay_ms", {}).setdefault(v, []).append(
                         round(gpu_ms(graphs[v, key].graph.replay, 200 if key != "32x512" else 20), 4))
             if key == "32x512":
