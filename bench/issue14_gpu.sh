@@ -16,6 +16,7 @@
 #   b1fuse bench/probes/b1_fusion_probe.py: the gated activation in the split-K down GEMM's A loads vs activation + split-K; B1FUSE_ARGS.
 #   single bench/probes/attn_single_probe.py: the one-sequence attention tile in whole engines, before / after.
 #   long   bench/probes/attn_long_single_probe.py: one long causal sequence, Triton vs cuDNN (exact and padded).
+#   b1host bench/probes/b1_host_probe.py: where a batch-1 step's host time goes (pieces of Engine.step, a trace).
 #   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
@@ -109,6 +110,11 @@ fi
 if has single; then
   timeout 300 python3 bench/probes/attn_single_probe.py "$R/attn_single.json" --models-root $M > "$R/attn_single.log" 2>&1
   tail -n 4 "$R/attn_single.log"
+  bundle
+fi
+if has b1host; then
+  timeout 300 python3 bench/probes/b1_host_probe.py "$R/b1_host.json" --models-root $M > "$R/b1_host.log" 2>&1
+  grep -v "^Writing\|it/s" "$R/b1_host.log" | tail -c 3000
   bundle
 fi
 if has pdl; then
