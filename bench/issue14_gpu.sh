@@ -113,7 +113,7 @@ if has single; then
   bundle
 fi
 if has b1host; then
-  timeout 300 python3 bench/probes/b1_host_probe.py "$R/b1_host.json" --models-root $M > "$R/b1_host.log" 2>&1
+  timeout 300 python3 bench/probes/b1_host_probe.py "$R/b1_host.json" --models-root $M ${B1HOST_ARGS:-} > "$R/b1_host.log" 2>&1
   grep -v "^Writing\|it/s" "$R/b1_host.log" | tail -c 3000
   bundle
 fi

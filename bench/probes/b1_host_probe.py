@@ -9,7 +9,9 @@ piece of ``Engine.step``: bucket lookup, ``pack_inputs``, the H2D copy's enqueue
 (idle GPU, and back to back), the pinned output buffer + D2H copy + event, the whole ``step()``
 return, and ``step().wait()`` end to end; the replay's GPU ms. Then a torch.profiler trace of 30
 steps: per step, µs from the cudaGraphLaunch call's start to the first kernel's start on the GPU,
-the launch call's length, and from the last kernel's end to the wait's end (medians).
+the launch call's length, and from the last kernel's end to the wait's end (medians). With
+``--dump-dir``: the bucket captured again in debug mode, its nodes by kind (DOT file kept) and the
+host µs of launching it.
 """
 from __future__ import annotations
 
@@ -69,7 +71,25 @@ def trace(eng, batch, steps: int = 30) -> dict:  # type: ignore[no-untyped-def]
             "last_kernel_to_wait_end_us": med(tail), "steps_traced": len(to_first)}
 
 
-def run(root: Path, models: list[str], lengths: list[int]) -> dict:
+def dump_graph(eng, bk, path: Path) -> dict:  # type: ignore[no-untyped-def]
+    """The bucket captured once more with the graph kept (debug mode), written as DOT; node kinds
+    counted, and the host µs of launching that graph."""
+    import collections
+    import re
+
+    g = torch.cuda.CUDAGraph()
+    g.enable_debug_mode()
+    with torch.cuda.graph(g, pool=eng.graphs.pool):
+        eng.graphs._run_forward(bk)
+    g.debug_dump(str(path))
+    text = path.read_text()
+    kinds = collections.Counter(re.findall(r"\b(KERNEL|MEMSET|MEMCPY|EVENT_RECORD|WAIT_EVENT|HOST|EMPTY|MEM_ALLOC|"
+                                           r"MEM_FREE|CONDITIONAL|BATCH_MEM_OP)\b", text))
+    edges = text.count("->")
+    return {"graph_nodes": dict(kinds), "graph_edges": edges, "debug_graph_launch_idle_us": host_us(g.replay)}
+
+
+def run(root: Path, models: list[str], lengths: list[int], dump_dir: Path | None = None) -> dict:
     from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine.batch import Batch
     from bouquet.engine.buckets import bucket_for
@@ -111,6 +131,8 @@ def run(root: Path, models: list[str], lengths: list[int]) -> dict:
             }
             eng.step(batch).wait()
             r.update(trace(eng, batch))
+            if dump_dir is not None:
+                r.update(dump_graph(eng, bk, dump_dir / f"{name}-L{L}.dot"))
             R[f"{name}/b1_L{L}"] = r
             print(name, L, json.dumps(r), flush=True)
         del eng
@@ -124,9 +146,13 @@ def main() -> None:
     ap.add_argument("--models-root", default="/tmp/bench-models")
     ap.add_argument("--models", default="bge-base,qwen3-0.6b")
     ap.add_argument("--lengths", default="16,128")
+    ap.add_argument("--dump-dir", help="write each bucket's graph as DOT there (node kinds counted)")
     a = ap.parse_args()
+    dump = Path(a.dump_dir) if a.dump_dir else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "steps": run(Path(a.models_root), a.models.split(","), [int(n) for n in a.lengths.split(",")])}
+           "steps": run(Path(a.models_root), a.models.split(","), [int(n) for n in a.lengths.split(",")], dump)}
     Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 
