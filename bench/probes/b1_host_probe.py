@@ -10,8 +10,8 @@ piece of ``Engine.step``: bucket lookup, ``pack_inputs``, the H2D copy's enqueue
 return, and ``step().wait()`` end to end; the replay's GPU ms. Then a torch.profiler trace of 30
 steps: per step, µs from the cudaGraphLaunch call's start to the first kernel's start on the GPU,
 the launch call's length, and from the last kernel's end to the wait's end (medians). With
-``--dump-dir``: the bucket captured again in debug mode, its nodes by kind (DOT file kept) and the
-host µs of launching it.
+``--census``: the bucket captured again with its graph kept, its nodes by kind and the host µs of
+launching it.
 """
 from __future__ import annotations
 
@@ -71,25 +71,44 @@ def trace(eng, batch, steps: int = 30) -> dict:  # type: ignore[no-untyped-def]
             "last_kernel_to_wait_end_us": med(tail), "steps_traced": len(to_first)}
 
 
-def dump_graph(eng, bk, path: Path) -> dict:  # type: ignore[no-untyped-def]
-    """The bucket captured once more with the graph kept (debug mode), written as DOT; node kinds
-    counted, and the host µs of launching that graph."""
-    import collections
-    import re
+NODE_KINDS = ("kernel", "memcpy", "memset", "host", "child_graph", "empty", "wait_event", "event_record",
+              "ext_sem_signal", "ext_sem_wait", "mem_alloc", "mem_free", "batch_mem_op", "conditional")
 
-    g = torch.cuda.CUDAGraph()
-    g.enable_debug_mode()
+
+def _cudart():  # type: ignore[no-untyped-def]
+    import ctypes
+
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if "libcudart.so" in line:
+            return ctypes.CDLL(line.split()[-1])
+    raise RuntimeError("libcudart not loaded")
+
+
+def graph_census(eng, bk) -> dict:  # type: ignore[no-untyped-def]
+    """The bucket captured once more with its cudaGraph_t kept: its nodes by kind (cudaGraphGetNodes,
+    cudaGraphNodeGetType), and the host µs of launching that graph."""
+    import collections
+    import ctypes
+
+    rt = _cudart()
+    g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(g, pool=eng.graphs.pool):
         eng.graphs._run_forward(bk)
-    g.debug_dump(str(path))
-    text = path.read_text()
-    kinds = collections.Counter(re.findall(r"\b(KERNEL|MEMSET|MEMCPY|EVENT_RECORD|WAIT_EVENT|HOST|EMPTY|MEM_ALLOC|"
-                                           r"MEM_FREE|CONDITIONAL|BATCH_MEM_OP)\b", text))
-    edges = text.count("->")
-    return {"graph_nodes": dict(kinds), "graph_edges": edges, "debug_graph_launch_idle_us": host_us(g.replay)}
+    graph = ctypes.c_void_p(g.raw_cuda_graph())
+    n = ctypes.c_size_t(0)
+    assert rt.cudaGraphGetNodes(graph, None, ctypes.byref(n)) == 0
+    nodes = (ctypes.c_void_p * n.value)()
+    assert rt.cudaGraphGetNodes(graph, nodes, ctypes.byref(n)) == 0
+    kinds: collections.Counter = collections.Counter()
+    for node in nodes:
+        t = ctypes.c_int(-1)
+        rt.cudaGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t))
+        kinds[NODE_KINDS[t.value] if 0 <= t.value < len(NODE_KINDS) else str(t.value)] += 1
+    g.instantiate()
+    return {"graph_nodes": dict(kinds), "census_graph_launch_idle_us": host_us(g.replay)}
 
 
-def run(root: Path, models: list[str], lengths: list[int], dump_dir: Path | None = None) -> dict:
+def run(root: Path, models: list[str], lengths: list[int], census: bool) -> dict:
     from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine.batch import Batch
     from bouquet.engine.buckets import bucket_for
@@ -131,8 +150,11 @@ def run(root: Path, models: list[str], lengths: list[int], dump_dir: Path | None
             }
             eng.step(batch).wait()
             r.update(trace(eng, batch))
-            if dump_dir is not None:
-                r.update(dump_graph(eng, bk, dump_dir / f"{name}-L{L}.dot"))
+            if census:
+                try:
+                    r.update(graph_census(eng, bk))
+                except Exception as e:  # noqa: BLE001 - a probe records what it can
+                    r["graph_census_error"] = repr(e)
             R[f"{name}/b1_L{L}"] = r
             print(name, L, json.dumps(r), flush=True)
         del eng
@@ -146,13 +168,10 @@ def main() -> None:
     ap.add_argument("--models-root", default="/tmp/bench-models")
     ap.add_argument("--models", default="bge-base,qwen3-0.6b")
     ap.add_argument("--lengths", default="16,128")
-    ap.add_argument("--dump-dir", help="write each bucket's graph as DOT there (node kinds counted)")
+    ap.add_argument("--census", action="store_true", help="count each bucket graph's nodes by kind")
     a = ap.parse_args()
-    dump = Path(a.dump_dir) if a.dump_dir else None
-    if dump:
-        dump.mkdir(parents=True, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "steps": run(Path(a.models_root), a.models.split(","), [int(n) for n in a.lengths.split(",")], dump)}
+           "steps": run(Path(a.models_root), a.models.split(","), [int(n) for n in a.lengths.split(",")], a.census)}
     Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 
