@@ -166,3 +166,32 @@ def test_graph_options_travel_to_the_replica_config() -> None:
     opts = GraphOptions.from_config(again)
     assert (opts.max_tokens, opts.capture, opts.stats_path) == (16384, ("3:100:50",), "/tmp/hist.json")
     assert Bucket.parse(opts.capture[0]) == Bucket(4, 128, 64)
+
+
+def test_graph_segments_start_after_one_block_then_grow_fourfold() -> None:
+    from bouquet.engine.graphs import segment_starts
+
+    assert segment_starts(28) == [1, 5, 21]
+    assert segment_starts(12) == segment_starts(6) == [1, 5]
+    assert segment_starts(2) == [1] and segment_starts(1) == segment_starts(0) == []
+
+
+@pytest.mark.parametrize("kind", ["bert", "qwen3", "modernbert", "distilbert", "mpnet", "xlmr-cross", "qwen3-reranker",
+                                  "gemma3"])
+def test_blocks_are_the_layers_forward_calls_once_each_in_order(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """The graph manager cuts CUDA-graph captures at the model's blocks() (a forward pre-hook on
+    each cut block): that is exact only if forward calls every block once, in list order."""
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine
+    from bouquet.modelspec import load_spec
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    eng = Engine(load_spec(str(make_tiny_model(kind, tmp_path / kind))), "cpu")
+    blocks = eng.model.blocks()
+    calls: list[int] = []
+    hooks = [b.register_forward_pre_hook(lambda _m, _a, i=i: calls.append(i)) for i, b in enumerate(blocks)]
+    eng.forward(Batch.pack([np.arange(5, 17, dtype=np.int32), np.arange(5, 9, dtype=np.int32)]))
+    for h in hooks:
+        h.remove()
+    assert len(blocks) == eng.spec.config.get("num_hidden_layers", eng.spec.config.get("n_layers")) >= 2
+    assert calls == list(range(len(blocks)))

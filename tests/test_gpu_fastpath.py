@@ -152,6 +152,7 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     from bouquet.engine.batch import Batch
     from bouquet.engine.buckets import bucket_for
     from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.graphs import segment_starts
     from bouquet.modelspec import load_spec
 
     # qwen3-tiny: 2 layers, head_dim 32 (fused RMSNorm / q-k norm + rotary / SiLU kernels)
@@ -190,6 +191,9 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
         for r in rows:
             np.testing.assert_allclose(r, want, atol=1e-2, rtol=1e-2)
     assert eng.graphs is not None and set(eng.graphs.lazy.graphs) == seen  # every bucket captured once
+    # each capture cut at the layer boundaries (graphs.segment_starts), replayed segment by segment
+    n_segments = len(segment_starts(len(eng.model.blocks()))) + 1
+    assert n_segments >= 2 and all(len(g.segments) == n_segments for g in eng.graphs.lazy.graphs.values())
 
 
 def test_startup_capture_from_saved_histogram(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def main() -> None:
                     out = eng.step(batch).wait()
                 outs.setdefault(L, {})[tag] = out
                 gr = next(v for bk, v in eng.graphs.lazy.graphs.items() if bk.seqs == 1 and bk.tokens >= L)
-                R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([tag, round(gpu_ms(gr.graph.replay, 200), 4)])
+                R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([tag, round(gpu_ms(gr.replay, 200), 4)])
                 took = []
                 for _ in range(300):
                     t0 = time.perf_counter()

@@ -141,12 +141,12 @@ def run(root: Path, models: list[str], lengths: list[int], census: bool) -> dict
                 "bucket_lookup_us": host_us(lambda: bucket_for(1, L, L, o.max_tokens, o.max_seqs, eng.uniform_buckets)),
                 "pack_inputs_us": host_us(lambda: pack_inputs(batch, bk.tokens, bk.seqs)),
                 "h2d_enqueue_us": host_us(lambda: eng.graphs.load(host)),
-                "replay_call_idle_us": host_us(g.graph.replay),
-                "replay_call_busy_us": host_us(g.graph.replay, idle=False),
+                "replay_call_idle_us": host_us(g.replay),
+                "replay_call_busy_us": host_us(g.replay, idle=False),
                 "d2h_buffer_copy_event_us": host_us(d2h),
                 "step_return_us": host_us(lambda: eng.step(batch)),
                 "step_wait_us": host_us(lambda: eng.step(batch).wait()),
-                "replay_gpu_ms": round(gpu_ms(g.graph.replay, 200), 4),
+                "replay_gpu_ms": round(gpu_ms(g.replay, 200), 4),
             }
             eng.step(batch).wait()
             r.update(trace(eng, batch))

@@ -67,7 +67,7 @@ def engines(root: Path) -> dict:
                 for _ in range(3):
                     eng.step(batch).wait()
                 gr = next(v for b, v in eng.graphs.lazy.graphs.items() if b.seqs == 1 and b.tokens >= L)
-                R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([lib, round(gpu_ms(gr.graph.replay, 200), 4)])
+                R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([lib, round(gpu_ms(gr.replay, 200), 4)])
             del eng
             torch.cuda.empty_cache()
         print(name, json.dumps({k: v for k, v in R.items() if k.startswith(name)}), flush=True)

@@ -139,7 +139,7 @@ def probe_shape(name: str, fp8: bool, root: Path) -> dict:
         bucket = next(k for k in big.graphs.lazy.graphs if k.tokens >= batch.num_tokens and k.seqs >= batch.num_seqs)
         g = big.graphs.lazy.graphs[bucket]
         r["bucket"] = str(bucket)
-        r["graph_replay_ms"] = round(gpu_ms(g.graph.replay, 20), 3)
+        r["graph_replay_ms"] = round(gpu_ms(g.replay, 20), 3)
         r["graph_steps_b2b_ms"] = b2b_steps_ms(big, batch)
         r["top"] = top
         R[bname] = r

@@ -7,10 +7,12 @@ For each model (random full-size weights, bf16) one engine per variant (``--vari
 alive at once, each with its graphs captured under its own launch mode: ``off`` (``pdl.supported``
 patched to False: plain launches, the baseline); ``pN``: ``pdl.MAX_PROGRAMS`` = N (the kernels of
 ``pdl.FOLLOWS_OURS`` always take PDL, the others when their grid has at most N programs; ``p0``:
-only the former, ``p1000000``: every Triton kernel). Per batch-1 length: GPU ms per graph replay
+only the former, ``p1000000``: every Triton kernel); ``pdl`` / ``nopdl``: PDL as the engine has it
+/ off; a ``-whole`` suffix: one CUDA graph per bucket instead of segments (``GraphOptions.segments``).
+Per batch-1 length: GPU ms per graph replay
 (200 back to back, variants in turn, ``--rounds`` times), the p50 / p99 of ``step().wait()`` end
-to end and of ``step()``'s return (``--steps`` steps, the variants interleaved step by step, so
-drift hits all alike), the kernels per replay (torch.profiler), and the largest |difference| of
+to end and of ``step()``'s return (``--steps`` steps, the variants in turn 100 steps at a
+time, so drift hits all alike), the kernels per replay (torch.profiler), and the largest |difference| of
 the outputs against ``off`` (PDL changes no arithmetic: expected 0). Then one large step, 32 × 512
 tokens (a graph bucket at the 16,384-token budget): GPU ms per replay, to show the throughput
 path is not slowed.
@@ -41,8 +43,9 @@ _SUPPORTED, _MAX_PROGRAMS = pdl.supported, pdl.MAX_PROGRAMS
 
 def use(variant: str) -> None:
     """Set the launch mode the next engine's kernels (and graph captures) take."""
-    pdl.supported = (lambda i: False) if variant == "off" else _SUPPORTED
-    pdl.MAX_PROGRAMS = int(variant[1:]) if variant.startswith("p") else _MAX_PROGRAMS
+    pdl.supported = (lambda i: False) if variant == "off" or "nopdl" in variant else _SUPPORTED
+    n = variant.split("-")[0]
+    pdl.MAX_PROGRAMS = int(n[1:]) if n[:1] == "p" and n[1:].isdigit() else _MAX_PROGRAMS
 
 
 def restore() -> None:
@@ -77,7 +80,8 @@ def run(root: Path, models: list[str], lengths: list[int], rounds: int, variants
         engines, graphs, ref = {}, {}, {}
         for v in variants:  # every variant's engine alive at once: its graphs hold its launch mode
             use(v)
-            eng = engines[v] = Engine(spec, "cuda", "bfloat16", spin_wait=True, graphs=GraphOptions(max_tokens=16384))
+            opts = GraphOptions(max_tokens=16384, segments="whole" not in v)
+            eng = engines[v] = Engine(spec, "cuda", "bfloat16", spin_wait=True, graphs=opts)
             eng.warmup()
             for key, batch in cases.items():
                 for _ in range(3):  # eager, capture, replay
@@ -88,27 +92,28 @@ def run(root: Path, models: list[str], lengths: list[int], rounds: int, variants
                 o = eng.graph_options
                 graphs[v, key] = eng.graphs.lazy.graphs[bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen,
                                                                    o.max_tokens, o.max_seqs, eng.uniform_buckets)]
-                R.setdefault(f"{name}/{key}_kernels", {})[v] = kernels_per_replay(graphs[v, key].graph.replay)
+                R.setdefault(f"{name}/{key}_kernels", {})[v] = kernels_per_replay(graphs[v, key].replay)
         restore()
         for key, batch in cases.items():
             for _ in range(rounds):  # GPU ms per replay, variants in turn
                 for v in variants:
                     engines[v].step(batch).wait()  # the graph reads the inputs last copied in: this batch's
                     R.setdefault(f"{name}/{key}_replay_ms", {}).setdefault(v, []).append(
-                        round(gpu_ms(graphs[v, key].graph.replay, 200 if key != "32x512" else 20), 4))
+                        round(gpu_ms(graphs[v, key].replay, 200 if key != "32x512" else 20), 4))
             if key == "32x512":
                 continue
             took: dict = {v: [] for v in variants}
             ret: dict = {v: [] for v in variants}
-            for i in range(steps):  # as a caller sees it (pack, copy in, replay, copy out, wait), interleaved
-                for v in variants:
-                    t0 = time.perf_counter()
-                    h = engines[v].step(batch)
-                    t1 = time.perf_counter()
-                    h.wait()
-                    if i >= 50:
-                        took[v].append(time.perf_counter() - t0)
-                        ret[v].append(t1 - t0)
+            for _ in range(steps // 100):  # as a caller sees it (pack, copy in, replay, copy out, wait),
+                for v in variants:  # the variants in turn, 100 steps each (the first 10 not counted)
+                    for i in range(100):
+                        t0 = time.perf_counter()
+                        h = engines[v].step(batch)
+                        t1 = time.perf_counter()
+                        h.wait()
+                        if i >= 10:
+                            took[v].append(time.perf_counter() - t0)
+                            ret[v].append(t1 - t0)
             for v in variants:
                 R.setdefault(f"{name}/{key}_step_p50_ms", {})[v] = round(float(np.median(took[v])) * 1e3, 4)
                 R.setdefault(f"{name}/{key}_step_p99_ms", {})[v] = round(float(np.percentile(took[v], 99)) * 1e3, 4)

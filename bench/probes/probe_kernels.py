@@ -67,7 +67,7 @@ def main() -> None:
         g = eng.graphs.lazy.graphs[next(b for b in eng.graphs.lazy.graphs if b.tokens == L and b.seqs == 1)]
         R[f"b1_L{L}_step_return_ms"] = float(np.median(t_ret))
         R[f"b1_L{L}_step_wait_ms"] = float(np.median(t_all))
-        R[f"b1_L{L}_replay_gpu_ms"] = gpu_ms(g.graph.replay)
+        R[f"b1_L{L}_replay_gpu_ms"] = gpu_ms(g.replay)
     dev, dt = "cuda", torch.bfloat16
     for T in (128, 51200):
         x = torch.randn(T, 768, device=dev, dtype=dt)

@@ -76,12 +76,12 @@ def measure(engine, fused: bool, host_profile: bool) -> dict:  # type: ignore[no
             ret.append((t1 - t0) * 1e3)
             wait.append((time.perf_counter() - t0) * 1e3)
         g = next(v for b, v in engine.graphs.lazy.graphs.items() if b.seqs == 1 and b.tokens >= L and b.max_seqlen >= L)
-        n, total, top = kernel_table(g.graph.replay)
+        n, total, top = kernel_table(g.replay)
         R[f"b1_L{L}_top"] = top
         R[f"b1_L{L}"] = {"step_return_p50_ms": round(statistics.median(ret), 4),
                          "wait_p50_ms": round(statistics.median(wait), 4),
                          "wait_p99_ms": round(float(np.percentile(wait, 99)), 4),
-                         "replay_gpu_ms": round(gpu_ms(g.graph.replay), 4), "kernels": n, "kernel_ms": total}
+                         "replay_gpu_ms": round(gpu_ms(g.replay), 4), "kernels": n, "kernel_ms": total}
         if host_profile and L == 128:
             pr = cProfile.Profile()
             pr.enable()

@@ -92,6 +92,7 @@ class GraphOptions:
     capture: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
     stats_path: str | None = None  # bucket-hit histogram: read at start, written at shutdown
     debug: bool = False  # assert static buffers never move
+    segments: bool = True  # each capture cut at layer boundaries (graphs.py: the GPU starts sooner at batch 1)
 
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> "GraphOptions":
@@ -190,7 +191,8 @@ class Engine:
         if self.device.type == "cuda" and self.graph_options.enabled:
             o = self.graph_options
             self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
-                                       self.use_types, debug=o.debug)
+                                       self.use_types, debug=o.debug,
+                                       blocks=model.blocks() if o.segments else ())
         self.quantization = quantization
         if quantization == "fp8":
             self._enable_fp8(fp8_min_cosine)

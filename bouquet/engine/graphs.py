@@ -3,6 +3,16 @@
 ``GraphManager`` owns the static input buffer, the memory pool shared by every graph, and the
 bucket table (through ``LazyCapture``: eager on first sight, capture on the second, then replay).
 
+Segments. A bucket's forward pass is captured as a few graphs cut at layer boundaries (the model's
+``blocks()``: after the first layer, then segments 4× longer, see ``segment_starts``), replayed in
+order. Why: the host time of ``cudaGraphLaunch`` grows with the graph's nodes (~0.6 µs each on the
+H200 host: ~0.19 ms for Qwen3-0.6B's ~300 kernels) and the GPU starts a graph only once its launch
+returns, so at batch 1 one whole-forward graph adds its launch time to the latency. Cut this way,
+the GPU starts after the first layer's launch and each later launch finishes while the GPU is still
+running the segment before it (a layer's kernels take the GPU ≥ 3× longer than their launch).
+The segments share the pool and are captured in the order they replay, which is what makes
+memory shared between them safe (tensors crossing a cut, like the residual stream, stay allocated).
+
 Input layout. All integer inputs of a batch travel as ONE int32 array, so an H2D transfer is one
 copy from pinned memory. For a bucket of ``T`` tokens and ``S`` slots::
 
@@ -27,10 +37,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, LazyCapture
@@ -86,22 +97,41 @@ def input_views(buf: torch.Tensor, tokens: int, seqs: int) -> tuple[torch.Tensor
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    segments: list[torch.cuda.CUDAGraph]  # the forward pass, in replay order
     out: torch.Tensor  # [S, out_dim] float32, lives in the shared pool
     out_ptr: int
+
+    def replay(self) -> None:
+        for g in self.segments:
+            g.replay()
+
+
+def segment_starts(n_blocks: int, first: int = 1, growth: int = 4) -> list[int]:
+    """Indices of the blocks that begin a new graph segment: after ``first`` blocks, then segments
+    ``growth`` times longer than the one before (n = 28: [1, 5, 21]; n = 12: [1, 5]; n = 6: [1, 5])."""
+    starts, at, size = [], first, first * growth
+    while at < n_blocks:
+        starts.append(at)
+        at, size = at + size, size * growth
+    return starts
 
 
 class GraphManager:
     """Captures and replays ``forward`` per bucket on ``device``.
 
     ``max_tokens``/``max_seqs``: the largest bucket (sizes the static buffer). ``use_types``:
-    whether ``forward`` receives token-type ids (else None). ``debug``: assert on every replay that
-    the static buffer and the graph's output never moved.
+    whether ``forward`` receives token-type ids (else None). ``blocks``: the model's layers in the
+    order ``forward`` calls them (``PackedModel.blocks``), where captures are cut into segments;
+    empty: one graph per bucket. ``debug``: assert on every replay that the static buffer and the
+    graph's output never moved.
     """
 
     def __init__(self, forward: ForwardFn, device: torch.device, max_tokens: int, max_seqs: int,
-                 use_types: bool, debug: bool = False) -> None:
+                 use_types: bool, debug: bool = False, blocks: Sequence[nn.Module] = ()) -> None:
         self.forward, self.device, self.use_types, self.debug = forward, device, use_types, debug
+        self.blocks = list(blocks)
+        self.cuts = segment_starts(len(self.blocks))
+        self.stream = torch.cuda.Stream(device)  # captures run off the current stream, as torch.cuda.graph's do
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.buf = torch.zeros(packed_size(max_tokens, max_seqs), dtype=torch.int32, device=device)
         self._buf_ptr = self.buf.data_ptr()
@@ -121,12 +151,38 @@ class GraphManager:
         with torch.cuda.stream(side):
             self._run_forward(bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        # thread_local: the server's wait thread synchronizes events while we capture.
-        with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
-            out = self._run_forward(bucket)
-        log.debug("captured graph for bucket %s", bucket)
-        return _Graph(g, out, out.data_ptr())
+        torch.cuda.synchronize(self.device)
+        segments = [torch.cuda.CUDAGraph() for _ in range(len(self.cuts) + 1)]
+        live = iter(segments)
+        current = next(live)
+
+        def begin(graph: torch.cuda.CUDAGraph) -> None:
+            # thread_local: the server's wait thread synchronizes events while we capture.
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+
+        def cut(_module: nn.Module, _args: object) -> None:  # a forward pre-hook on a block
+            nonlocal current
+            current.capture_end()
+            current = next(live)
+            begin(current)
+
+        hooks = [self.blocks[i].register_forward_pre_hook(cut) for i in self.cuts]
+        try:
+            with torch.cuda.stream(self.stream):
+                begin(current)
+                try:
+                    out = self._run_forward(bucket)
+                finally:
+                    current.capture_end()
+        finally:
+            for h in hooks:
+                h.remove()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        if current is not segments[-1]:
+            raise RuntimeError(f"capture of {bucket} saw {segments.index(current) + 1} of {len(segments)} segments: "
+                               "the model's blocks() are not the layers its forward calls")
+        log.debug("captured graph for bucket %s in %d segments", bucket, len(segments))
+        return _Graph(segments, out, out.data_ptr())
 
     def load(self, host: torch.Tensor) -> None:
         """Copy a packed (pinned) host array into the buffer's first rows, asynchronously."""
@@ -142,7 +198,7 @@ class GraphManager:
         g = self.lazy.lookup(bucket)
         if g is None:
             return self._run_forward(bucket)
-        g.graph.replay()
+        g.replay()
         self.replayed += 1
         if self.debug:
             assert self.buf.data_ptr() == self._buf_ptr, "static input buffer moved"

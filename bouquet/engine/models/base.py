@@ -50,6 +50,15 @@ class PackedModel(nn.Module):
         (captured in CUDA graphs)."""
         raise NotImplementedError
 
+    def blocks(self) -> nn.ModuleList:
+        """The transformer layers, in the order ``forward`` calls each of them once (the CUDA-graph
+        manager cuts its captures between them). Default: the first ``nn.ModuleList`` among the
+        submodules, which is the layer list of every model here; raises ValueError without one."""
+        for m in self.modules():
+            if isinstance(m, nn.ModuleList):
+                return m
+        raise ValueError(f"{type(self).__name__} has no nn.ModuleList of layers")
+
     def head(self, pooled: torch.Tensor) -> torch.Tensor:
         """Pooled rows [B, hidden] float32 → outputs [B, out_dim] float32 (``ModelSpec.dimension``):
         the rows themselves for an embedder, logits for a scorer."""
