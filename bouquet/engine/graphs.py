@@ -12,12 +12,13 @@ the GPU starts after the first layer's launch and each later launch finishes whi
 running the segment before it (a layer's kernels take the GPU ≥ 3× longer than their launch).
 The segments share the pool and are captured in the order they replay, which is what makes
 memory shared between them safe (tensors crossing a cut, like the residual stream, stay allocated).
-Measured in one process, engines in turn (bench/results/h200-2026-12-01g, call 8): the graphs hold
-kernel nodes only (101 for bge-base, 270 for Qwen3-0.6B), their launch takes ~30 / 70–170 µs of host
-time, and segments take batch-1 steps from 1.533 to 1.435 ms (Qwen3-0.6B, 128 tokens) and 0.535 to
-0.521 (bge-base) while each replay's GPU time grows by 0.006–0.012 ms. (12-01b had reverted them on
-bench figures from separate processes, whose batch-1 p50s differ by up to 0.25 ms.)
-``GraphOptions.segments`` False captures one graph per bucket.
+Measured in one process, engines alive at once and stepped in turn (bench/results/h200-2026-12-01g,
+call 8; the host there ~2.5× slower per step than with one engine, which enlarges the effect): the
+graphs hold kernel nodes only (101 for bge-base, 270 for Qwen3-0.6B), their launch takes ~30 /
+70–170 µs of host time, and segments take batch-1 steps from 1.533 to 1.435 ms (Qwen3-0.6B, 128
+tokens) and 0.535 to 0.521 (bge-base) while each replay's GPU time grows by 0.004–0.011 ms. (12-01b
+had reverted them on bench figures from separate processes, whose batch-1 p50s differ by up to
+0.25 ms.) ``GraphOptions.segments`` False captures one graph per bucket.
 
 Input layout. All integer inputs of a batch travel as ONE int32 array, so an H2D transfer is one
 copy from pinned memory. For a bucket of ``T`` tokens and ``S`` slots::
