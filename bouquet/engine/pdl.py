@@ -47,6 +47,8 @@ def supported(device_index: int) -> bool:
     return kernels.HAS_GDC
 
 
+# The launch sites' names for their kernels.
+KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant"})
 # Kernels whose predecessor in a step is one of ours, as a rule: the split-K GEMM (after attention
 # or the gated activation) and the add + norm kernels that read its parts. They always take PDL.
 FOLLOWS_OURS = frozenset({"splitk", "norm_parts"})
@@ -54,17 +56,26 @@ FOLLOWS_OURS = frozenset({"splitk", "norm_parts"})
 # cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
 # grid this small, as their programs may start early and wait on the SMs through the whole
 # predecessor: all of them with PDL made Qwen3-0.6B's batch-1 replays 8.8% faster at 16 tokens but
-# 0.7% / 6.6% slower at 128 / 512 (bench/results/h200-2026-12-01g, call 2).
+# 0.7% / 6.6% slower at 128 / 512 (bench/results/h200-2026-12-01g, call 2); 64 measured best of
+# 0 / 32 / 64 / 160 (call 4).
 MAX_PROGRAMS = 64
 
 
+def takes_pdl(kernel: str, programs: int) -> bool:
+    """Whether a launch of ``kernel`` (one of ``KERNELS``) with ``programs`` programs uses PDL
+    where the device supports it: it follows one of our kernels, or its grid is small. Raises
+    ValueError for a name not in ``KERNELS``."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel name {kernel!r} (pdl.KERNELS: {sorted(KERNELS)})")
+    return kernel in FOLLOWS_OURS or programs <= MAX_PROGRAMS
+
+
 def launch_options(x: torch.Tensor, kernel: str, programs: int) -> dict[str, bool]:
-    """Extra launch keywords for the Triton kernel ``kernel`` (a name as in ``FOLLOWS_OURS``:
-    "splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant") launching
+    """Extra launch keywords for the Triton kernel ``kernel`` (a name of ``KERNELS``) launching
     ``programs`` programs on ``x``'s device: ``PDL`` (the kernel's constexpr: wait, then signal)
-    and ``launch_pdl`` (Triton's launch attribute) where ``supported`` and the kernel follows ours
-    or ``programs`` ≤ ``MAX_PROGRAMS``; else none (a plain launch)."""
-    if not (kernel in FOLLOWS_OURS or programs <= MAX_PROGRAMS) or not x.is_cuda:
+    and ``launch_pdl`` (Triton's launch attribute) where ``supported`` and ``takes_pdl``; else
+    none (a plain launch). Raises ValueError for an unknown kernel name."""
+    if not takes_pdl(kernel, programs) or not x.is_cuda:
         return {}
     if supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
         return {"PDL": True, "launch_pdl": True}

@@ -1,0 +1,41 @@
+"""Which Triton launches take programmatic dependent launch (engine/pdl.py), on the CPU: the rule
+by kernel and grid size the H200 measurements chose, no PDL off CUDA, and unknown kernel names
+refused (a typo at a launch site would otherwise silently change the rule). The launches
+themselves are tested on the GPU (tests/test_gpu_pdl.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bouquet.engine import pdl
+
+
+def test_kernels_after_ours_always_take_pdl_the_others_only_with_small_grids() -> None:
+    for kernel in pdl.FOLLOWS_OURS:
+        assert pdl.takes_pdl(kernel, 1) and pdl.takes_pdl(kernel, 100_000)
+    for kernel in pdl.KERNELS - pdl.FOLLOWS_OURS:
+        assert pdl.takes_pdl(kernel, pdl.MAX_PROGRAMS)
+        assert not pdl.takes_pdl(kernel, pdl.MAX_PROGRAMS + 1)
+    assert pdl.FOLLOWS_OURS < pdl.KERNELS
+
+
+def test_no_pdl_off_cuda_even_where_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pdl, "supported", lambda index: True)
+    assert pdl.launch_options(torch.empty(4), "splitk", 1) == {}
+
+
+def test_unknown_kernel_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown kernel name"):
+        pdl.launch_options(torch.empty(4), "split_k", 1)
+
+
+def test_every_launch_site_names_a_known_kernel() -> None:
+    """The names passed at the launch sites (ops.py, attention.py, splitk.py) are all in KERNELS."""
+    import re
+    from pathlib import Path
+
+    root = Path(pdl.__file__).parent
+    names: set[str] = set()
+    for f in ("ops.py", "attention.py", "splitk.py"):
+        names |= set(re.findall(r'launch_options\([^,]+, "(\w+)"', (root / f).read_text()))
+    assert names and names <= pdl.KERNELS, names - pdl.KERNELS
