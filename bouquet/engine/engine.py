@@ -84,7 +84,7 @@ class PendingResult:
 @dataclass(frozen=True)
 class GraphOptions:
     """CUDA-graph settings (ServeConfig's ``enforce_eager``, ``graph_max_tokens``,
-    ``capture_buckets``, ``bucket_stats_path``). Ignored on the CPU."""
+    ``capture_buckets``, ``bucket_stats_path``, ``graph_segments``). Ignored on the CPU."""
 
     enabled: bool = True
     max_tokens: int = GRAPH_MAX_TOKENS  # batches whose bucket has more tokens run eagerly
@@ -97,7 +97,7 @@ class GraphOptions:
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> "GraphOptions":
         return cls(enabled=not cfg.enforce_eager, max_tokens=cfg.graph_max_tokens, max_seqs=cfg.max_batch_seqs,
-                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path)
+                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path, segments=cfg.graph_segments)
 
 
 def _measured_gpu(device: torch.device) -> bool:

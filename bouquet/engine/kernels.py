@@ -13,7 +13,7 @@ add + norm kernels (PartialRows): split-K sums that ``_load_gemm_out`` adds up f
 import triton
 import triton.language as tl
 
-try:  # griddepcontrol (pdl.py): Triton 3.2+
+try:  # griddepcontrol (pdl.py): Triton 3.4+
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     HAS_GDC = True
 except ImportError:  # pragma: no cover - older Triton: pdl.supported() is False, PDL never set

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PDL) for the engine's Triton kernels, on Hopper and later.
+"""Programmatic dependent launch (PDL) for the engine's Triton kernels, on Hopper.
 
 Without it a kernel's programs start only once the previous kernel has finished and the GPU front
 end has launched the new grid: at batch 1, where most of Qwen3-0.6B's ~270 kernels per forward
@@ -31,14 +31,18 @@ MIN_CUDA = (12, 3)  # stream capture of PDL launches (graph programmatic edges) 
 
 @functools.lru_cache(maxsize=8)
 def supported(device_index: int) -> bool:
-    """Whether the Triton kernels launch with PDL on CUDA device ``device_index``: an NVIDIA GPU
-    of compute capability 9.0 or later, CUDA ≥ ``MIN_CUDA``, and a Triton with ``griddepcontrol``
-    (``kernels.HAS_GDC``). Decided once per device."""
+    """Whether the Triton kernels launch with PDL on CUDA device ``device_index``: an NVIDIA
+    Hopper GPU (compute capability 9.x, where it was measured), CUDA ≥ ``MIN_CUDA`` in both the
+    build and the driver, and a Triton with ``griddepcontrol`` (``kernels.HAS_GDC``). Decided once
+    per device."""
     if torch.version.hip is not None or torch.version.cuda is None:
         return False
     if tuple(int(v) for v in torch.version.cuda.split(".")[:2]) < MIN_CUDA:
         return False
-    if torch.cuda.get_device_capability(device_index)[0] < 9:
+    driver = getattr(torch._C, "_cuda_getDriverVersion", lambda: 0)()  # e.g. 13000: a 12.2 driver runs a 12.4 build
+    if driver and (driver // 1000, driver % 1000 // 10) < MIN_CUDA:
+        return False
+    if torch.cuda.get_device_capability(device_index)[0] != 9:  # measured on Hopper only (an H200)
         return False
     try:
         from bouquet.engine import kernels
@@ -49,8 +53,9 @@ def supported(device_index: int) -> bool:
 
 # The launch sites' names for their kernels.
 KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant"})
-# Kernels whose predecessor in a step is one of ours, as a rule: the split-K GEMM (after attention
-# or the gated activation) and the add + norm kernels that read its parts. They always take PDL.
+# Kernels that always take PDL: the add + norm kernels reading split-K parts (after the split-K
+# GEMM) and the split-K GEMM itself — in decoders after our attention or gated activation; in
+# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4).
 FOLLOWS_OURS = frozenset({"splitk", "norm_parts"})
 # The others (attention, q/k-norm + rotary, the activations, norms of a cuBLAS output) follow a
 # cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
