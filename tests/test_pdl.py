@@ -39,3 +39,14 @@ def test_every_launch_site_names_a_known_kernel() -> None:
     for f in ("ops.py", "attention.py", "splitk.py"):
         names |= set(re.findall(r'launch_options\([^,]+, "(\w+)"', (root / f).read_text()))
     assert names and names <= pdl.KERNELS, names - pdl.KERNELS
+
+
+@pytest.mark.parametrize("build,driver,capability", [("12.2", 13000, (9, 0)), ("13.0", 12020, (9, 0)),
+                                                     ("13.0", 13000, (8, 0)), ("13.0", 13000, (10, 0))])
+def test_pdl_needs_cuda_12_3_in_build_and_driver_and_a_hopper_gpu(monkeypatch: pytest.MonkeyPatch, build: str,
+                                                                  driver: int, capability: tuple[int, int]) -> None:
+    monkeypatch.setattr(torch.version, "cuda", build)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch._C, "_cuda_getDriverVersion", lambda: driver, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    assert pdl.supported.__wrapped__(0) is False

@@ -39,7 +39,10 @@ def supported(device_index: int) -> bool:
         return False
     if tuple(int(v) for v in torch.version.cuda.split(".")[:2]) < MIN_CUDA:
         return False
-    driver = getattr(torch._C, "_cuda_getDriverVersion", lambda: 0)()  # e.g. 13000: a 12.2 driver runs a 12.4 build
+    try:  # e.g. 13000; a 12.2 driver runs a 12.4 build, and capture of PDL launches is the driver's
+        driver = int(torch._C._cuda_getDriverVersion())
+    except (AttributeError, RuntimeError, TypeError):  # not in this build: the build's version decides
+        driver = 0
     if driver and (driver // 1000, driver % 1000 // 10) < MIN_CUDA:
         return False
     if torch.cuda.get_device_capability(device_index)[0] != 9:  # measured on Hopper only (an H200)
