@@ -349,33 +349,47 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
         m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
                                     tok, offs_n, n, qk_scale, True, CAUSAL)
     o_ptrs = o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :]
-    if chunks == 1:
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
-    else:
-        n_chunks = tl.num_programs(1)
-        block = g * tl.num_programs(0) + pid_m  # this query block's counter
-        slot = (block * n_chunks + chunk).to(tl.int64)
-        tl.store(part_ptr + slot * (BM * D) + rows[:, None] * D + offs_d[None, :], acc)
-        tl.store(ml_ptr + slot * (2 * BM) + rows, m_i)
-        tl.store(ml_ptr + slot * (2 * BM) + BM + rows, l_i)
-        tl.debug_barrier()  # every thread's partial stored before the release below
-        done = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
-        if done == chunks - 1:  # the last chunk of this block to finish: merge the others into ours
-            for c in range(0, chunks):
-                if c != chunk:
-                    other = (block * n_chunks + c).to(tl.int64)
-                    # .cg: from L2, where the other programs' stores went (never a stale L1 line)
-                    m_c = tl.load(ml_ptr + other * (2 * BM) + rows, cache_modifier=".cg")
-                    l_c = tl.load(ml_ptr + other * (2 * BM) + BM + rows, cache_modifier=".cg")
-                    a_c = tl.load(part_ptr + other * (BM * D) + rows[:, None] * D + offs_d[None, :], cache_modifier=".cg")
-                    m_new = tl.maximum(m_i, m_c)
-                    alpha = tl.math.exp2(m_i - m_new)
-                    beta = tl.math.exp2(m_c - m_new)
-                    l_i = l_i * alpha + l_c * beta
-                    acc = acc * alpha[:, None] + a_c * beta[:, None]
-                    m_i = m_new
+    if SPLIT > 0:
+        if chunks > 1:
+            _merge_chunks(o_ptrs, part_ptr, ml_ptr, cnt_ptr, acc, m_i, l_i, rows, offs_d, tok, n, pid_m, chunk, g,
+                          chunks, BM, D)
+        else:
             tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
-            tl.atomic_xchg(cnt_ptr + block, 0)  # ready for the next launch (graph replays reuse it)
+    else:
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
+
+
+@triton.jit
+def _merge_chunks(o_ptrs, part_ptr, ml_ptr, cnt_ptr, acc, m_i, l_i, rows, offs_d, tok, n, pid_m, chunk, g, chunks,
+                  BM: tl.constexpr, D: tl.constexpr):
+    # varlen_attn_kernel's split: leave this chunk's partial; the block's last chunk to finish merges
+    n_chunks = tl.num_programs(1)
+    block = g * tl.num_programs(0) + pid_m  # this query block's counter
+    slot = (block * n_chunks + chunk).to(tl.int64)
+    tl.store(part_ptr + slot * (BM * D) + rows[:, None] * D + offs_d[None, :], acc)
+    tl.store(ml_ptr + slot * (2 * BM) + rows, m_i)
+    tl.store(ml_ptr + slot * (2 * BM) + BM + rows, l_i)
+    tl.debug_barrier()  # every thread's partial stored before the release below
+    done = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
+    if done == chunks - 1:  # the last chunk of this block to finish merges them all, in chunk order (so
+        # the result does not depend on which finished last), starting from the empty partial
+        acc = tl.zeros((BM, D), dtype=tl.float32)
+        m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BM,), dtype=tl.float32)
+        for c in range(0, chunks):
+            other = (block * n_chunks + c).to(tl.int64)
+            # .cg: from L2, where every program's stores went (never a stale L1 line)
+            m_c = tl.load(ml_ptr + other * (2 * BM) + rows, cache_modifier=".cg")
+            l_c = tl.load(ml_ptr + other * (2 * BM) + BM + rows, cache_modifier=".cg")
+            a_c = tl.load(part_ptr + other * (BM * D) + rows[:, None] * D + offs_d[None, :], cache_modifier=".cg")
+            m_new = tl.maximum(m_i, m_c)  # finite: every chunk's first key is visible to every row
+            alpha = tl.math.exp2(m_i - m_new)
+            beta = tl.math.exp2(m_c - m_new)
+            l_i = l_i * alpha + l_c * beta
+            acc = acc * alpha[:, None] + a_c * beta[:, None]
+            m_i = m_new
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptrs.dtype.element_ty), mask=tok[:, None] < n)
+        tl.atomic_xchg(cnt_ptr + block, 0)  # ready for the next launch (graph replays reuse it)
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
