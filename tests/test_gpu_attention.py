@@ -57,55 +57,6 @@ def test_triton_varlen_matches_the_reference(causal: bool, heads: tuple[int, int
                                    _reference(q1, k1, v1, [n], causal), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads", [(12, 12, 64), (16, 8, 128), (8, 8, 32)])
-def test_split_keys_of_one_sequence_match_the_reference_and_no_split(causal: bool, heads: tuple[int, int, int]) -> None:
-    """One sequence with its keys cut into chunks merged by the last program (``split``): equal to
-    the reference, to the unsplit kernel within fp32 summation order (bit-equal where no query
-    block spans more than one chunk), under loose bounds, and the counters are zero afterwards."""
-    from bouquet.engine import attention
-    from bouquet.engine.attention import triton_varlen
-
-    H, Hkv, D = heads
-    for n, bound in ((1, 1024), (100, 128), (100, 1024), (257, 512), (513, 1024), (1000, 1024), (2048, 2048)):
-        q, k, v, cu = _packed([n], H, Hkv, D, seed=n)
-        want = _reference(q, k, v, [n], causal)
-        plain = triton_varlen(q, k, v, cu, bound, causal, split=0)
-        for split in (1, 2, 4):
-            got = triton_varlen(q, k, v, cu, bound, causal, split=split)
-            torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-            torch.testing.assert_close(got.float(), plain.float(), atol=8e-3, rtol=0)
-        bn = (attention.TRITON_SINGLE_CONFIGS if bound > attention.SINGLE_MIN_SEQLEN else attention.TRITON_ATTN_CONFIGS)[D][1]
-        if -(-n // bn) <= 4:  # every block within one chunk of 4 key blocks: the unsplit arithmetic
-            assert torch.equal(triton_varlen(q, k, v, cu, bound, causal, split=4), plain)
-    cnt = attention._counter_bufs.get(q.device)
-    assert cnt is not None and int(cnt.abs().sum()) == 0
-
-
-def test_split_one_sequence_graph_replay_with_other_lengths_equals_eager() -> None:
-    """The split kernel captured for a one-sequence bucket (bound 1024) and replayed with other
-    lengths equals eager calls with the exact bound, as the engine's graph == eager needs."""
-    from bouquet.engine.attention import triton_varlen
-
-    q, k, v, cu = _packed([1024], 16, 8, 128, seed=3)
-    static_cu = cu.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        triton_varlen(q, k, v, static_cu, 1024, True)  # compile (and make the counters) outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = triton_varlen(q, k, v, static_cu, 1024, True)
-    for n in (1024, 700, 513, 1000):  # lengths whose one-sequence bucket has the bound 1024
-        static_cu.copy_(torch.tensor([0, n], device="cuda", dtype=torch.int32))
-        for _ in range(3):  # replays reuse the counters
-            graph.replay()
-        torch.cuda.synchronize()
-        want = triton_varlen(q[:n], k[:n], v[:n], static_cu, n, True)
-        assert torch.equal(out[:n], want), n
-
-
 def test_backend_routes_ragged_batches_to_triton_and_agrees_with_flash() -> None:
     from bouquet.engine.attention import VarlenBackend, select_backend
 

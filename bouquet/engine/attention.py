@@ -131,11 +131,6 @@ CUDNN_SINGLE_MIN_TOKENS = 1024
 CUDNN_SINGLE_HEAD_DIMS = (64, 128)
 TRITON_SINGLE_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
                                                                128: (64, 64, 4, 3)}
-# One sequence alone (batch 1): a causal query block near the end needs every key before it, so the
-# programs of the last blocks run ~max_seqlen / BLOCK_N key blocks in series while the first ones
-# are done after one. Cut into chunks of SINGLE_SPLIT key blocks, each its own program, merged by
-# the last one to finish (kernels.varlen_attn_kernel). To be measured (bench/probes/attn_split_probe.py).
-SINGLE_SPLIT = 4
 # Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
 # cuDNN in every case measured (100 × 268 tokens 0.080 vs 0.136 ms, 100 × 512 0.168 vs 0.198, 64 × 128
 # 0.013 vs 0.016; call 3); with 64 and 128 cuDNN wins at 100 × 512 and 64 × 128.
@@ -143,8 +138,7 @@ TRITON_UNIFORM_HEAD_DIMS = (32,)
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                  causal: bool, config: tuple[int, int, int, int] | None = None, pack_heads: bool = True,
-                  split: int | None = None) -> torch.Tensor:
+                  causal: bool, config: tuple[int, int, int, int] | None = None, pack_heads: bool = True) -> torch.Tensor:
     """Attention over packed sequences with the Triton kernel (``kernels.varlen_attn_kernel``):
     q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv; row strides free, head dim contiguous),
     cu_seqlens [B+1] int32, ``max_seqlen`` ≥ every length (a host int: it sizes the grid, so a
@@ -153,63 +147,23 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     Dao 2023). ``config``: (BLOCK_M, BLOCK_N, warps, stages), default by head dim
     (``TRITON_ATTN_CONFIGS``; ``TRITON_SINGLE_CONFIGS`` for one long sequence). ``pack_heads``:
     with grouped-query attention, the query heads of one kv head share a program (BLOCK_M rows =
-    BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them.
-    ``split``: for one sequence (B = 1), cut each query block's keys into chunks of ``split`` key
-    blocks run by programs of their own and merged by the last to finish (0: never; default
-    ``single_split``); a block of at most ``split`` key blocks runs as without it, bit for bit.
-    Raises KeyError for a head dim without a config."""
+    BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them. Raises
+    KeyError for a head dim without a config."""
     from bouquet.engine import kernels
 
     T, H, D = q.shape
-    one = cu_seqlens.shape[0] == 2
-    single = one and max_seqlen > SINGLE_MIN_SEQLEN and _hopper(q.device)  # static per bucket
+    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and _hopper(q.device)  # static per bucket
     bm, bn, warps, stages = config or (TRITON_SINGLE_CONFIGS if single else TRITON_ATTN_CONFIGS)[D]
     group = H // k.shape[1]
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
     o = q.new_empty((T, H, D))
-    q_blocks, groups = -(-max_seqlen // (bm // pack)), H // pack
-    split = (single_split(q.device) if split is None else split) if one else 0
-    if causal and bm // pack > bn:
-        split = 0  # a chunk's first key must be visible to every row of the block (TOKS ≤ BLOCK_N)
-    chunks = -(-(-(-max_seqlen // bn)) // split) if split > 0 else 1
-    if chunks > 1 and groups * q_blocks <= _COUNTERS:
-        grid = (q_blocks, chunks, groups)
-        part = torch.empty((groups * q_blocks * chunks, bm, D), dtype=torch.float32, device=q.device)
-        ml = torch.empty((groups * q_blocks * chunks, 2, bm), dtype=torch.float32, device=q.device)
-        cnt = _counters(q.device)
-    else:
-        split, grid = 0, (q_blocks, cu_seqlens.shape[0] - 1, groups)
-        part = ml = cnt = o  # unused without a split
+    grid = (-(-max_seqlen // (bm // pack)), cu_seqlens.shape[0] - 1, H // pack)
     kernels.varlen_attn_kernel[grid](
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        part, ml, cnt, GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, SPLIT=split, num_warps=warps,
-        num_stages=stages, **launch_options(q, "attention", grid[0] * grid[1] * grid[2]))
+        GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
+        **launch_options(q, "attention", grid[0] * grid[1] * grid[2]))
     return o
-
-
-# Query blocks of one launch that can take the split (one int32 counter each, zero between launches).
-_COUNTERS = 1 << 16
-_counter_bufs: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """The device's zeroed int32 [_COUNTERS] counters of the split kernel, made on first use. Every
-    launch leaves them zero, so one buffer serves every layer, engine and graph on the device (they
-    run in stream order). Raises RuntimeError when first needed inside a CUDA-graph capture (the
-    capture's warm-up run, outside it, makes it: graphs.GraphManager._capture)."""
-    buf = _counter_bufs.get(device)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split attention's counters must be made before a CUDA-graph capture")
-        buf = _counter_bufs[device] = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
-    return buf
-
-
-def single_split(device: torch.device) -> int:
-    """Key blocks per chunk for one sequence alone (``triton_varlen``'s ``split``): SINGLE_SPLIT on
-    Hopper, where it was measured, else 0 (off)."""
-    return SINGLE_SPLIT if _hopper(device) else 0
 
 
 @functools.lru_cache(maxsize=8)

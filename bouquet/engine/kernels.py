@@ -286,28 +286,18 @@ def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk
 
 @triton.jit
 def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
-                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, part_ptr, ml_ptr, cnt_ptr,
+                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
                        GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr = 0, PDL: tl.constexpr = False):
+                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
     # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
     # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
     # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
     # is that head // GROUP. Key blocks wholly visible to every row of the block run without
     # masks; only the last (and, causal, the diagonal) blocks are masked.
-    # SPLIT > 0 (one sequence, attention.triton_varlen): axis 1 is a key chunk of SPLIT key blocks
-    # instead of the sequence. A query block whose keys span several chunks leaves each chunk's
-    # unnormalized partial (acc, running max, sum) in part/ml; the program that finishes last, as
-    # the per-block counter cnt says, merges them (FlashAttention's split-KV "flash-decoding"
-    # combine, done by the last arriver as in split-K serial reduction) and zeroes the counter.
     _pdl_enter(PDL)
     TOKS: tl.constexpr = BM // PACK
     pid_m = tl.program_id(0)
-    if SPLIT > 0:
-        seq = 0
-        chunk = tl.program_id(1)
-    else:
-        seq = tl.program_id(1)
-        chunk = 0
+    seq = tl.program_id(1)
     g = tl.program_id(2)
     start = tl.load(cu_ptr + seq).to(tl.int64)
     n = tl.load(cu_ptr + seq + 1) - tl.load(cu_ptr + seq)
@@ -320,21 +310,6 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     kh = (g * PACK) // GROUP
-    if CAUSAL:
-        hi = tl.minimum(m0 + TOKS, n)
-        full = (tl.minimum(m0 + 1, n) // BN) * BN
-    else:
-        hi = n
-        full = (n // BN) * BN
-    lo = 0
-    chunks = 1
-    if SPLIT > 0:
-        chunks = tl.cdiv(tl.cdiv(hi, BN), SPLIT)
-        if chunk >= chunks:
-            return
-        lo = chunk * (SPLIT * BN)  # ≤ m0: a chunk's first key is visible to every row of the block
-        hi = tl.minimum(hi, lo + SPLIT * BN)
-    fe = tl.minimum(tl.maximum(full, lo), hi)
     q = tl.load(q_ptr + (start + tok[:, None]) * sq_t + head[:, None] * sq_h + offs_d[None, :], mask=tok[:, None] < n,
                 other=0.0)
     k_ptrs = k_ptr + (start + offs_n[None, :]) * sk_t + kh * sk_h + offs_d[:, None]
@@ -342,54 +317,21 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
     m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, D), dtype=tl.float32)
-    for start_n in range(lo, fe, BN):
+    if CAUSAL:
+        hi = tl.minimum(m0 + TOKS, n)
+        full = (tl.minimum(m0 + 1, n) // BN) * BN
+    else:
+        hi = n
+        full = (n // BN) * BN
+    for start_n in range(0, full, BN):
         m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
                                     tok, offs_n, n, qk_scale, False, CAUSAL)
-    for start_n in range(fe, hi, BN):
+    for start_n in range(full, hi, BN):
         m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
                                     tok, offs_n, n, qk_scale, True, CAUSAL)
-    o_ptrs = o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :]
-    if SPLIT > 0:
-        if chunks > 1:
-            _merge_chunks(o_ptrs, part_ptr, ml_ptr, cnt_ptr, acc, m_i, l_i, rows, offs_d, tok, n, pid_m, chunk, g,
-                          chunks, BM, D)
-        else:
-            tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
-    else:
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
-
-
-@triton.jit
-def _merge_chunks(o_ptrs, part_ptr, ml_ptr, cnt_ptr, acc, m_i, l_i, rows, offs_d, tok, n, pid_m, chunk, g, chunks,
-                  BM: tl.constexpr, D: tl.constexpr):
-    # varlen_attn_kernel's split: leave this chunk's partial; the block's last chunk to finish merges
-    n_chunks = tl.num_programs(1)
-    block = g * tl.num_programs(0) + pid_m  # this query block's counter
-    slot = (block * n_chunks + chunk).to(tl.int64)
-    tl.store(part_ptr + slot * (BM * D) + rows[:, None] * D + offs_d[None, :], acc)
-    tl.store(ml_ptr + slot * (2 * BM) + rows, m_i)
-    tl.store(ml_ptr + slot * (2 * BM) + BM + rows, l_i)
-    tl.debug_barrier()  # every thread's partial stored before the release below
-    done = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
-    if done == chunks - 1:  # the last chunk of this block to finish merges them all, in chunk order (so
-        # the result does not depend on which finished last), starting from the empty partial
-        acc = tl.zeros((BM, D), dtype=tl.float32)
-        m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((BM,), dtype=tl.float32)
-        for c in range(0, chunks):
-            other = (block * n_chunks + c).to(tl.int64)
-            # .cg: from L2, where every program's stores went (never a stale L1 line)
-            m_c = tl.load(ml_ptr + other * (2 * BM) + rows, cache_modifier=".cg")
-            l_c = tl.load(ml_ptr + other * (2 * BM) + BM + rows, cache_modifier=".cg")
-            a_c = tl.load(part_ptr + other * (BM * D) + rows[:, None] * D + offs_d[None, :], cache_modifier=".cg")
-            m_new = tl.maximum(m_i, m_c)  # finite: every chunk's first key is visible to every row
-            alpha = tl.math.exp2(m_i - m_new)
-            beta = tl.math.exp2(m_c - m_new)
-            l_i = l_i * alpha + l_c * beta
-            acc = acc * alpha[:, None] + a_c * beta[:, None]
-            m_i = m_new
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptrs.dtype.element_ty), mask=tok[:, None] < n)
-        tl.atomic_xchg(cnt_ptr + block, 0)  # ready for the next launch (graph replays reuse it)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
