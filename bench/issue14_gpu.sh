@@ -17,6 +17,7 @@
 #   single bench/probes/attn_single_probe.py: the one-sequence attention tile in whole engines, before / after.
 #   long   bench/probes/attn_long_single_probe.py: one long causal sequence, Triton vs cuDNN (exact and padded).
 #   b1host bench/probes/b1_host_probe.py: where a batch-1 step's host time goes (pieces of Engine.step, a trace).
+#   spdl   bench/probes/small_pdl_probe.py: batch-1 layers of Triton kernels only (small qkv / MLP-in GEMMs) with PDL; SPDL_ARGS.
 #   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
@@ -120,6 +121,11 @@ fi
 if has pdl; then
   timeout ${PDL_TIMEOUT:-400} python3 bench/probes/pdl_probe.py "$R/pdl.json" --models-root $M ${PDL_ARGS:-} > "$R/pdl.log" 2>&1
   tail -c 4000 "$R/pdl.log"
+  bundle
+fi
+if has spdl; then
+  timeout ${SPDL_TIMEOUT:-400} python3 bench/probes/small_pdl_probe.py "$R/small_pdl.json" --models-root $M ${SPDL_ARGS:-} > "$R/small_pdl.log" 2>&1
+  grep -v "^Writing\|it/s" "$R/small_pdl.log" | tail -c 5000
   bundle
 fi
 if has long; then

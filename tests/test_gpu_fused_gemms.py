@@ -90,3 +90,69 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
             assert cos.min() > 0.9999, (lengths, cos.min())
             np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
     assert any(ran)  # the kernel did run
+
+
+@pytest.mark.parametrize("T", [1, 16, 77, 128])
+@pytest.mark.parametrize("N,K,bias,act", [(4096, 1024, False, None), (2304, 768, True, None),  # qkv: Qwen3, bge
+                                          (3072, 768, True, "gelu"), (1536, 384, True, "gelu"),  # BERT up + GELU
+                                          (1536, 768, True, "gelu_new")])
+def test_small_linear_equals_linear_then_activation(T: int, N: int, K: int, bias: bool, act: str | None) -> None:
+    """fused_gemms.small_linear (steps ≤ 128 tokens) against F.linear then the activation, as HF rounds."""
+    from bouquet.engine.fused_gemms import small_linear
+    from bouquet.engine.layers import activation
+
+    g = torch.Generator(device="cuda").manual_seed(T + N)
+    x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda", generator=g) * 0.03).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    got = small_linear(x, w, b, act)
+    assert got is not None and got.shape == (T, N) and got.dtype == torch.bfloat16
+    want = F.linear(x, w, b)
+    want = activation(act)(want) if act else want
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert small_linear(torch.randn(129, K, device="cuda").to(torch.bfloat16), w, b, act) is None  # above the limit
+
+
+@pytest.mark.parametrize("T", [1, 16, 128])
+@pytest.mark.parametrize("h,i,act", [(1024, 3072, "silu"), (768, 1152, "gelu_tanh")])
+def test_small_gate_up_act_equals_gemm_then_activation(T: int, h: int, i: int, act: str) -> None:
+    from bouquet.engine.fused_gemms import small_gate_up_act
+    from bouquet.engine.ops import gelu_tanh_mul, silu_mul
+
+    g = torch.Generator(device="cuda").manual_seed(T + i)
+    x = torch.randn(T, h, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(2 * i, h, device="cuda", generator=g) * 0.03).to(torch.bfloat16)
+    got = small_gate_up_act(x, w, act)
+    assert got is not None and got.shape == (T, i)
+    want = (silu_mul if act == "silu" else gelu_tanh_mul)(F.linear(x, w))
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "bge-base", "minilm", "embeddinggemma-300m"])
+def test_engine_with_small_gemms_equals_engine_without_at_batch_1(tmp_path: Path, shape: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small steps (≤ 128 tokens) with Engine(small_gemms=True / False), eager, capture, replay."""
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine import fused_gemms
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+    from tests.test_gpu_fastpath import _tokenizer
+
+    s = SHAPES[shape]
+    s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
+    spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
+    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=False)
+    fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=True)
+    ran: list[bool] = []
+    real = fused_gemms._small
+    monkeypatch.setattr(fused_gemms, "_small", lambda *a: ran.append(True) or real(*a))
+    rng = np.random.default_rng(0)
+    for lengths in ([1], [7], [128], [100, 28], [5] * 5, [300]):
+        batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
+        for _ in range(3):
+            want = plain.step(batch).wait()
+            got = fused.step(batch).wait()
+            cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+            assert cos.min() > 0.9999, (lengths, cos.min())
+    assert ran

@@ -30,13 +30,13 @@ def test_unknown_kernel_names_are_refused() -> None:
 
 
 def test_every_launch_site_names_a_known_kernel() -> None:
-    """The names passed at the launch sites (ops.py, attention.py, splitk.py) are all in KERNELS."""
+    """The names passed at the launch sites (ops.py, attention.py, splitk.py, fused_gemms.py) are all in KERNELS."""
     import re
     from pathlib import Path
 
     root = Path(pdl.__file__).parent
     names: set[str] = set()
-    for f in ("ops.py", "attention.py", "splitk.py"):
+    for f in ("ops.py", "attention.py", "splitk.py", "fused_gemms.py"):
         names |= set(re.findall(r'launch_options\([^,]+, "(\w+)"', (root / f).read_text()))
     assert names and names <= pdl.KERNELS, names - pdl.KERNELS
 

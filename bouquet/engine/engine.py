@@ -31,7 +31,7 @@ from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
-from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, compile_now
+from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, SMALL_MAX_TOKENS, compile_now
 from bouquet.engine.pdl import supported as pdl_supported
 from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
 from bouquet.engine.st_head import build_head
@@ -117,6 +117,9 @@ class Engine:
     it was measured.
     ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
     steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
+    ``small_gemms``: for steps of at most ``fused_gemms.SMALL_MAX_TOKENS`` tokens, the qkv (+ bias),
+    gate/up + activation and encoders' up + bias + activation GEMMs in Triton (fused_gemms.py), so
+    that every kernel of a layer takes programmatic dependent launch; None = off (to be measured).
     Implements ``contract.StepEngine``.
     """
 
@@ -125,7 +128,8 @@ class Engine:
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
-                 split_k: bool | None = None, fused_gemms: bool | None = None) -> None:
+                 split_k: bool | None = None, fused_gemms: bool | None = None,
+                 small_gemms: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -165,6 +169,14 @@ class Engine:
         for m in model.modules():
             if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
                 m.fused_gemms = self.fused_gemms
+        # batch-1 steps: the qkv / MLP-in GEMMs in Triton too (fused_gemms.small_linear and
+        # small_gate_up_act), with their bias / activation in the epilogue
+        self.small_gemms = bool(small_gemms) and self.device.type == "cuda"
+        for m in model.modules():
+            if hasattr(m, "small_gemms"):  # models/decoder.py: DecoderMLP; models/bert.py: PostNormLayer
+                m.small_gemms = self.small_gemms
+        for p in projections(model):
+            p.small_gemm = self.small_gemms and p.kind == "qkv"
         self.causal = bool(model.causal)
         # layers with different attention windows (Gemma3's sliding / global): a windowed layer can
         # leave padding rows unwritten, so no attention may read a whole padded bucket (AttnMeta.whole_rows)
@@ -210,6 +222,8 @@ class Engine:
                 log.info("engine: gated MLP of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
                          "gate/up GEMM with the activation in its epilogue (Triton)" if self.fused_gemms
                          else "cuBLAS gate/up, then the activation kernel")
+            log.info("engine: qkv and MLP-in projections of steps up to %d tokens: %s", SMALL_MAX_TOKENS,
+                     "Triton GEMMs with the bias / activation in their epilogue" if self.small_gemms else "cuBLAS")
             log.info("engine: Triton kernels launch %s", "with programmatic dependent launch (pdl.py)"
                      if pdl_supported(self.device.index or 0) else "plainly (no programmatic dependent launch here)")
 

@@ -22,6 +22,12 @@ accumulators (the kernel is in the probe): 308.8 µs per layer against cuBLAS + 
 263.9 at 16,384 tokens, 32.0 against 32.4 at 2,048; whole Qwen3-0.6B 32 × 512 steps 30.0 → 33.8 ms.
 Its 64-wide wgmma tiles (one head's half) run far below the 128 × 128 ones cuBLAS picks.
 
+``small_linear`` / ``small_gate_up_act``: steps of at most ``SMALL_MAX_TOKENS`` tokens (batch 1), where
+cuBLAS streams the qkv and MLP-in weights at 1.9–2.4 TB/s (bench/results/h200-2026-12-01c, section 4)
+and the gated activation is a launch of its own: one Triton GEMM per projection (many narrow output
+tiles, the whole K range each) with the bias, the activation or the gated product in its epilogue
+(``gemm_kernels.small_gemm_kernel``); the projections back to the hidden size stay split-K (splitk.py).
+
 What this module does not own: whether a layer may use it (``models/decoder.py``: bf16/fp16
 steps whose MLP does not run in fp8) or whether the engine does (``Engine(fused_gemms=...)``).
 """
@@ -30,6 +36,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from bouquet.engine.pdl import launch_options
 
 MIN_TOKENS = 2048  # the smallest step measured faster than cuBLAS + the activation kernel (H200)
 MIN_WAVES = 2.5  # output tiles per SM below which the last wave's idle SMs cost more than the pass saved
@@ -102,6 +110,68 @@ def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor
     gemm_kernels.gate_up_act_kernel[grid](desc.from_tensor(x, [bm, bk]), desc.from_tensor(weight, [bn, bk]),
                                           desc.from_tensor(out, [bm, bn]), T, I, K, ACT=_ACTS[act], **_TILE)
     return out
+
+
+SMALL_MAX_TOKENS = 128
+
+
+def _small_tiles(T: int, N: int, K: int, sms: int) -> tuple[int, int, int] | None:
+    """(BM, BN, BK) for a small step: 64-row tiles, the widest of 32 / 16 columns that still gives
+    every SM a program; None when N or K do not tile."""
+    bn = 32 if -(-T // 64) * (N // 32) >= sms else 16
+    if N % bn or K % 64:
+        return None
+    return 64, bn, 128 if K % 128 == 0 else 64
+
+
+def _small_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if not (x.is_cuda and x.dtype in _DTYPES and weight.dtype == x.dtype and x.dim() == 2 and x.stride(1) == 1):
+        return False
+    if x.shape[0] > SMALL_MAX_TOKENS or not weight.is_contiguous() or weight.shape[1] != x.shape[1]:
+        return False
+    from bouquet.engine.ops import triton_kernels
+    return triton_kernels() is not None
+
+
+def _small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int, act: int, gated: bool
+           ) -> torch.Tensor | None:
+    T, K = x.shape
+    tiles = _small_tiles(max(T, 1), n, K, _sms(x.device))
+    if tiles is None:
+        return None
+    from bouquet.engine import gemm_kernels
+    bm, bn, bk = tiles
+    out = x.new_empty((T, n))
+    if T:
+        grid = (n // bn, -(-T // bm))
+        gemm_kernels.small_gemm_kernel[grid](
+            x, weight, bias if bias is not None else weight, out, T, n, K, x.stride(0), HAS_BIAS=bias is not None,
+            ACT=act, GATED=gated, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3,
+            **launch_options(x, "small_gemm", grid[0] * grid[1]))
+    return out
+
+
+_SMALL_ACTS = {None: 0, "silu": 1, "gelu_tanh": 2, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu": 3, "relu": 4}
+
+
+def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None = None
+                 ) -> torch.Tensor | None:
+    """act(x [T, K] · weight [N, K]ᵀ + bias [N]) → [T, N] in x's dtype for a step of at most
+    ``SMALL_MAX_TOKENS`` tokens on CUDA (fp16/bf16, Triton); None where it does not apply (the
+    caller runs cuBLAS). ``act``: None, or a Hugging Face activation name ("gelu": exact erf
+    GELU; "gelu_new" / "gelu_pytorch_tanh": tanh GELU; "silu", "relu"), applied to the rounded
+    GEMM output and rounded again, as ``F.linear`` then the activation round."""
+    if act not in _SMALL_ACTS or not _small_ok(x, weight):
+        return None
+    return _small(x, weight, bias, weight.shape[0], _SMALL_ACTS[act], False)
+
+
+def small_gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor | None:
+    """``gate_up_act`` for a step of at most ``SMALL_MAX_TOKENS`` tokens: x [T, h] · weight [2i, h]ᵀ
+    (gate rows, then up rows) → act(gate) · up [T, i]; None where it does not apply."""
+    if act not in _ACTS or weight.shape[0] % 2 or not _small_ok(x, weight):
+        return None
+    return _small(x, weight, None, weight.shape[0] // 2, _ACTS[act], True)
 
 
 def compile_now(weight: torch.Tensor, act: str) -> bool:

@@ -1,11 +1,12 @@
 """Triton GEMMs with fused epilogues (fused_gemms.py says where and why each runs): the gated MLP's
-gate/up with the activation. Hopper TMA tensor descriptors (``triton.tools.tensor_descriptor``) for
-the operands and the output; rows past a tensor's end are zero-filled on load and clipped on store.
+gate/up with the activation for large steps (Hopper TMA tensor descriptors, ``triton.tools.
+tensor_descriptor``, for the operands and the output; rows past a tensor's end are zero-filled on
+load and clipped on store), and the small steps' GEMMs with bias / activation epilogues (pointer loads).
 """
 import triton
 import triton.language as tl
 
-from bouquet.engine.kernels import _act
+from bouquet.engine.kernels import _act, _pdl_enter
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel per model shape
@@ -33,3 +34,44 @@ def gate_up_act_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.co
     u = acc_u.to(dt).to(tl.float32)  # as HF rounds it (gated_act_kernel's rounding)
     a = _act(g, ACT).to(dt).to(tl.float32)
     o_desc.store([pm * BM, pn * BN], (a * u).to(dt))
+
+
+@triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel per model shape
+def small_gemm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K: tl.constexpr, x_stride, HAS_BIAS: tl.constexpr,
+                      ACT: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    # Program (n, m): the [BM, BN] tile of epilogue(x · wᵀ), the whole K range, pointer loads (at
+    # ≤ 128 tokens the weight tiles stream once; many narrow programs keep every SM reading).
+    # Epilogue: + bias, rounded as the GEMM writes it, then act() rounded as HF rounds it; GATED:
+    # w = [gate rows; up rows] [2N, K], a second accumulator for the up tile of the same columns,
+    # out = act(gate) · up (gated_act_kernel's rounding).
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    _pdl_enter(PDL)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_ptrs = x_ptr + rm[:, None].to(tl.int64) * x_stride + rk[None, :]
+    g_ptrs = w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]
+    u_ptrs = g_ptrs + N * K
+    in_m = rm[:, None] < M
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(K // BK):
+        a = tl.load(a_ptrs, mask=in_m, other=0.0)
+        acc = tl.dot(a, tl.load(g_ptrs), acc)
+        if GATED:
+            acc_u = tl.dot(a, tl.load(u_ptrs), acc_u)
+            u_ptrs += BK
+        a_ptrs += BK
+        g_ptrs += BK
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+    y = acc.to(dt)
+    if GATED:
+        g = _act(y.to(tl.float32), ACT).to(dt).to(tl.float32)
+        y = (g * acc_u.to(dt).to(tl.float32)).to(dt)
+    elif ACT != 0:
+        y = _act(y.to(tl.float32), ACT).to(dt)
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], y, mask=in_m)

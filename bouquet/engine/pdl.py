@@ -55,11 +55,12 @@ def supported(device_index: int) -> bool:
 
 
 # The launch sites' names for their kernels.
-KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant"})
+KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant", "small_gemm"})
 # Kernels that always take PDL: the add + norm kernels reading split-K parts (after the split-K
 # GEMM) and the split-K GEMM itself — in decoders after our attention or gated activation; in
-# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4).
-FOLLOWS_OURS = frozenset({"splitk", "norm_parts"})
+# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4);
+# and the small steps' qkv / MLP-in GEMMs (fused_gemms.small_linear), which follow an add + norm.
+FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm"})
 # The others (attention, q/k-norm + rotary, the activations, norms of a cuBLAS output) follow a
 # cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
 # grid this small, as their programs may start early and wait on the SMs through the whole

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-from bouquet.engine import splitk
+from bouquet.engine import fused_gemms, splitk
 from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
 from bouquet.engine.fp8_rows import FP8, FP8_MAX, PartialRows, QRows, ScaledRows, TINY
 
@@ -72,7 +72,8 @@ class Projection:
     ``defer``: every reader of this projection's output accepts ``ScaledRows`` (the model says so
     when it builds the projection), so in fp8 it returns them instead of applying the scales.
     ``split_k``: every reader is an add + norm kernel, which also accepts ``PartialRows``, so a
-    small model-dtype batch runs the split-K GEMM (splitk.py) where it has a plan.
+    small model-dtype batch runs the split-K GEMM (splitk.py) where it has a plan. ``small_gemm``
+    (set by the engine): small model-dtype steps run ``fused_gemms.small_linear`` instead of cuBLAS.
 
     Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
     they came from; this holds views of them."""
@@ -83,6 +84,7 @@ class Projection:
         self.kind = kind  # one of KINDS: which matmul of the layer this is
         self.defer = defer
         self.split_k = split_k  # the engine turns it off for all (Engine(split_k=False))
+        self.small_gemm = False  # the engine's choice (qkv, Engine(fused_gemms=...)): small steps' Triton GEMM
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
@@ -118,6 +120,10 @@ class Projection:
                 parts = splitk.splitk_linear(x, self.weight, self.bias)
                 if parts is not None:
                     return parts
+            if self.small_gemm:
+                y = fused_gemms.small_linear(x, self.weight, self.bias)  # None above its token limit
+                if y is not None:
+                    return y
             return F.linear(x, self.weight, self.bias)
         assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
         out_dtype = self.weight.dtype

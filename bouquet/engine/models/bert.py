@@ -18,6 +18,7 @@ from bouquet.engine.families import architecture_of, family, num_labels
 from bouquet.engine.layers import activation, fuse_linears
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.fp8_rows import QRows, dense_rows, materialize
+from bouquet.engine.fused_gemms import small_linear
 from bouquet.engine.ops import FP8_ACTS, act_quant, add_layer_norm, linear_gelu, quantize_rows
 from bouquet.engine.quant import Projection
 
@@ -92,6 +93,7 @@ class PostNormLayer(nn.Module):
     o: Projection
     up: Projection
     down: Projection
+    small_gemms = False  # the engine's choice (Engine(small_gemms=...)): small steps' up + bias + act as one GEMM
 
     def __init__(self, hidden: int, num_heads: int, act_name: str) -> None:
         super().__init__()
@@ -141,7 +143,9 @@ class PostNormLayer(nn.Module):
             u = self.up(x)
             g = act_quant(u, FP8_ACTS[self.act_name]) if down8 else activation(self.act_name)(materialize(u))
         else:
-            g = linear_gelu(dense_rows(x), p.up, self.act_name)  # [T, intermediate]
+            xd = dense_rows(x)
+            g = small_linear(xd, p.up.weight, p.up.bias, self.act_name) if self.small_gemms else None  # ≤ 128 tokens
+            g = linear_gelu(xd, p.up, self.act_name) if g is None else g  # [T, intermediate]
             g = quantize_rows(g) if down8 else g
         return add_layer_norm(self.down(g), dense_rows(x), p.out_norm, self.qkv.use_fp8(T))
 

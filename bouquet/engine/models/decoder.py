@@ -35,7 +35,7 @@ from bouquet.engine.families import architecture_of
 from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.fp8_rows import QRows, ScaledRows
-from bouquet.engine.fused_gemms import gate_up_act
+from bouquet.engine.fused_gemms import SMALL_MAX_TOKENS, gate_up_act, small_gate_up_act
 from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
 from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
@@ -153,6 +153,7 @@ class DecoderMLP(nn.Module):
         self.act_mul = gelu_tanh_mul if f.gelu else silu_mul
         self.act = "gelu_tanh" if f.gelu else "silu"
         self.fused_gemms = False  # the engine's choice (Engine(fused_gemms=...)): gate/up + act as one GEMM
+        self.small_gemms = False  # the same for steps of at most SMALL_MAX_TOKENS (Engine(small_gemms=...))
 
     def fuse(self) -> None:
         # deferred fp8 scales (quant.py): gate_up is read by the gated activation only, down by the
@@ -164,10 +165,13 @@ class DecoderMLP(nn.Module):
     def forward(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
         """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden] (ScaledRows when down runs
         in fp8); the activation kernel writes fp8 rows when down runs in fp8. Large bf16/fp16 steps
-        with ``fused_gemms``: the activation in gate/up's GEMM epilogue (fused_gemms.py)."""
+        with ``fused_gemms`` (small ones with ``small_gemms``): the activation in gate/up's GEMM
+        epilogue (fused_gemms.py)."""
         fp8_down = self.down.use_fp8(x.shape[0])
-        if self.fused_gemms and not fp8_down and isinstance(x, torch.Tensor):
-            h = gate_up_act(x, self.gate_up.weight, self.act)  # None where it does not apply
+        small = x.shape[0] <= SMALL_MAX_TOKENS
+        if (self.small_gemms if small else self.fused_gemms) and not fp8_down and isinstance(x, torch.Tensor):
+            fn = small_gate_up_act if small else gate_up_act
+            h = fn(x, self.gate_up.weight, self.act)  # None where it does not apply
             if h is not None:
                 return self.down(h)
         return self.down(self.act_mul(self.gate_up(x), fp8_down))  # gate_up [T, 2i]

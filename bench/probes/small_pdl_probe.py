@@ -1,0 +1,99 @@
+"""Batch-1 layers made of Triton kernels only, so that every launch takes programmatic dependent
+launch (issue 14): the qkv and MLP-in GEMMs of small steps in Triton (``Engine(small_gemms=True)``,
+fused_gemms.small_linear / small_gate_up_act) instead of cuBLAS, with and without PDL for the
+kernels that follow them whatever their grid (``pdl.MAX_PROGRAMS``).
+
+Usage (GPU): python3 bench/probes/small_pdl_probe.py OUT.json [--models-root DIR] [--lengths 16,64,128]
+[--variants cublas,small,small-all]
+
+Variants: ``cublas`` (the engine as it ships: cuBLAS qkv / MLP-in), ``small`` (Triton GEMMs, PDL
+rule unchanged), ``small-all`` (Triton GEMMs, every Triton kernel with PDL: MAX_PROGRAMS huge),
+``cublas-all`` (cuBLAS, every Triton kernel with PDL). Qwen3-0.6B and bge-base (random weights,
+bf16), each variant's engine built in turn and alone, two rounds: GPU ms per batch-1 graph replay,
+``step().wait()`` p50 (spin wait, as the bench's engine), kernels per replay, and the cosine of
+the vectors to the first variant's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+from bouquet.engine import pdl  # noqa: E402
+
+
+def kernels_per_replay(fn) -> int:  # type: ignore[no-untyped-def]
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name
+               and "Memset" not in e.name)
+
+
+def main() -> None:
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine
+    from bouquet.modelspec import load_spec
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--models-root", default="/tmp/bench-models")
+    ap.add_argument("--lengths", default="16,64,128")
+    ap.add_argument("--variants", default="cublas,small,small-all")
+    ap.add_argument("--models", default="qwen3-0.6b,bge-base")
+    a = ap.parse_args()
+    lengths = [int(v) for v in a.lengths.split(",")]
+    variants = a.variants.split(",")
+    keep = pdl.MAX_PROGRAMS
+    R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "pdl": pdl.supported(0)}
+    for name in a.models.split(","):
+        spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root))))
+        outs: dict = {}
+        for rnd in range(2):
+            for v in variants:
+                pdl.MAX_PROGRAMS = 1 << 30 if v.endswith("-all") else keep  # read at each launch (captures keep it)
+                eng = Engine(spec, "cuda", "bfloat16", spin_wait=True, small_gemms=v.startswith("small"))
+                eng.warmup()
+                for L in lengths:
+                    batch = Batch.pack([np.random.default_rng(L).integers(1000, 30000, size=L, dtype=np.int32)])
+                    for _ in range(3):
+                        out = eng.step(batch).wait()
+                    outs.setdefault(L, {})[v] = out
+                    gr = next(g for bk, g in eng.graphs.lazy.graphs.items() if bk.seqs == 1 and bk.tokens >= L)
+                    R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([v, round(gpu_ms(gr.replay, 300), 4)])
+                    took = []
+                    for _ in range(400):
+                        t0 = time.perf_counter()
+                        eng.step(batch).wait()
+                        took.append(time.perf_counter() - t0)
+                    R.setdefault(f"{name}/b1_L{L}_step_p50_ms", []).append(
+                        [v, round(float(np.median(took[50:])) * 1e3, 4)])
+                    if rnd == 0:
+                        R[f"{name}/b1_L{L}_kernels/{v}"] = kernels_per_replay(gr.replay)
+                del eng
+                torch.cuda.empty_cache()
+        for L, o in outs.items():
+            x = np.asarray(o[variants[0]], dtype=np.float64)
+            for v, y in o.items():
+                y = np.asarray(y, dtype=np.float64)
+                R[f"{name}/b1_L{L}_cosine/{v}"] = float((x * y).sum() / np.linalg.norm(x) / np.linalg.norm(y))
+        print(name, json.dumps({k: v for k, v in R.items() if k.startswith(name)}), flush=True)
+        Path(a.out_json).write_text(json.dumps(R, indent=1))
+    pdl.MAX_PROGRAMS = keep
+
+
+if __name__ == "__main__":
+    main()
