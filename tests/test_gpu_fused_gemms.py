@@ -98,7 +98,7 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
                                           (1536, 768, True, "gelu_new")])
 def test_small_linear_equals_linear_then_activation(T: int, N: int, K: int, bias: bool, act: str | None) -> None:
     """fused_gemms.small_linear (steps ≤ 128 tokens) against F.linear then the activation, as HF rounds."""
-    from bouquet.engine.fused_gemms import small_linear
+    from bouquet.engine.fused_gemms import SMALL_MAX_OUTPUTS, small_linear
     from bouquet.engine.layers import activation
 
     g = torch.Generator(device="cuda").manual_seed(T + N)
@@ -106,6 +106,9 @@ def test_small_linear_equals_linear_then_activation(T: int, N: int, K: int, bias
     w = (torch.randn(N, K, device="cuda", generator=g) * 0.03).to(torch.bfloat16)
     b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
     got = small_linear(x, w, b, act)
+    if T * N > SMALL_MAX_OUTPUTS:  # cuBLAS's case (Qwen3-0.6B's qkv at 128 tokens)
+        assert got is None
+        return
     assert got is not None and got.shape == (T, N) and got.dtype == torch.bfloat16
     want = F.linear(x, w, b)
     want = activation(act)(want) if act else want

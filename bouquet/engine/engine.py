@@ -119,7 +119,7 @@ class Engine:
     steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
     ``small_gemms``: for steps of at most ``fused_gemms.SMALL_MAX_TOKENS`` tokens, the qkv (+ bias),
     gate/up + activation and encoders' up + bias + activation GEMMs in Triton (fused_gemms.py), so
-    that every kernel of a layer takes programmatic dependent launch; None = off (to be measured).
+    that those launches take programmatic dependent launch too; None = on for the same devices.
     Implements ``contract.StepEngine``.
     """
 
@@ -171,7 +171,9 @@ class Engine:
                 m.fused_gemms = self.fused_gemms
         # batch-1 steps: the qkv / MLP-in GEMMs in Triton too (fused_gemms.small_linear and
         # small_gate_up_act), with their bias / activation in the epilogue
-        self.small_gemms = bool(small_gemms) and self.device.type == "cuda"
+        if small_gemms is None:  # measured on the H200 (bench/results/h200-2026-12-01h, call 4)
+            small_gemms = _measured_gpu(self.device)
+        self.small_gemms = small_gemms and self.device.type == "cuda"
         for m in model.modules():
             if hasattr(m, "small_gemms"):  # models/decoder.py: DecoderMLP; models/bert.py: PostNormLayer
                 m.small_gemms = self.small_gemms

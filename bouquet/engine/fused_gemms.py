@@ -1,4 +1,4 @@
-"""Triton GEMMs whose epilogue does the next elementwise pass, for large decoder steps on Hopper.
+"""Triton GEMMs whose epilogue does the next elementwise pass, for large decoder steps and for batch 1, on Hopper.
 
 ``gate_up_act``: the gated MLP's gate/up projection with act(gate) · up in the epilogue. What runs
 otherwise for x [T, h]: cuBLAS writes gate_up [T, 2i], then ``ops.silu_mul`` (or ``gelu_tanh_mul``)
@@ -22,11 +22,17 @@ accumulators (the kernel is in the probe): 308.8 µs per layer against cuBLAS + 
 263.9 at 16,384 tokens, 32.0 against 32.4 at 2,048; whole Qwen3-0.6B 32 × 512 steps 30.0 → 33.8 ms.
 Its 64-wide wgmma tiles (one head's half) run far below the 128 × 128 ones cuBLAS picks.
 
-``small_linear`` / ``small_gate_up_act``: steps of at most ``SMALL_MAX_TOKENS`` tokens (batch 1), where
-cuBLAS streams the qkv and MLP-in weights at 1.9–2.4 TB/s (bench/results/h200-2026-12-01c, section 4)
-and the gated activation is a launch of its own: one Triton GEMM per projection (many narrow output
-tiles, the whole K range each) with the bias, the activation or the gated product in its epilogue
-(``gemm_kernels.small_gemm_kernel``); the projections back to the hidden size stay split-K (splitk.py).
+``small_linear`` / ``small_gate_up_act``: steps of at most ``SMALL_MAX_TOKENS`` tokens (batch 1): one
+Triton GEMM per projection (many narrow output tiles, the whole K range each) with the bias, the
+activation or the gated product in its epilogue (``gemm_kernels.small_gemm_kernel``); the projections
+back to the hidden size stay split-K (splitk.py). Alone such a GEMM is 0–25% slower than cuBLAS
+(bench/results/h200-2026-12-01f, section 4: Qwen3-0.6B qkv 5.32 → 6.74 µs at 128 tokens), but it
+launches with programmatic dependent launch (pdl.py), which cuBLAS's kernels do not, and the gated
+one saves the activation's launch: batch-1 graph replays (bench/results/h200-2026-12-01h, call 4)
+Qwen3-0.6B 0.966 → 0.926 ms at 16 tokens, 0.975 → 0.933 at 64, but 1.090 → 1.124 at 128; bge-base
+0.350 → 0.345, 0.357 → 0.352, 0.389 → 0.375. So the plain (non-gated) one runs only for outputs
+of at most ``SMALL_MAX_OUTPUTS`` elements (T·N): Qwen3's qkv at 128 tokens (T·N = 524,288) stays on
+cuBLAS, bge-base's qkv and up (≤ 393,216) do not.
 
 What this module does not own: whether a layer may use it (``models/decoder.py``: bf16/fp16
 steps whose MLP does not run in fp8) or whether the engine does (``Engine(fused_gemms=...)``).
@@ -113,6 +119,7 @@ def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor
 
 
 SMALL_MAX_TOKENS = 128
+SMALL_MAX_OUTPUTS = 128 * 3072  # T·N of a plain small GEMM: above, cuBLAS (see the module docstring)
 
 
 def _small_tiles(T: int, N: int, K: int, sms: int) -> tuple[int, int, int] | None:
@@ -157,11 +164,11 @@ _SMALL_ACTS = {None: 0, "silu": 1, "gelu_tanh": 2, "gelu_new": 2, "gelu_pytorch_
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None = None
                  ) -> torch.Tensor | None:
     """act(x [T, K] · weight [N, K]ᵀ + bias [N]) → [T, N] in x's dtype for a step of at most
-    ``SMALL_MAX_TOKENS`` tokens on CUDA (fp16/bf16, Triton); None where it does not apply (the
-    caller runs cuBLAS). ``act``: None, or a Hugging Face activation name ("gelu": exact erf
+    ``SMALL_MAX_TOKENS`` tokens and ``SMALL_MAX_OUTPUTS`` outputs on CUDA (fp16/bf16, Triton); None
+    where it does not apply (the caller runs cuBLAS). ``act``: None, or a Hugging Face activation name ("gelu": exact erf
     GELU; "gelu_new" / "gelu_pytorch_tanh": tanh GELU; "silu", "relu"), applied to the rounded
     GEMM output and rounded again, as ``F.linear`` then the activation round."""
-    if act not in _SMALL_ACTS or not _small_ok(x, weight):
+    if act not in _SMALL_ACTS or not _small_ok(x, weight) or x.shape[0] * weight.shape[0] > SMALL_MAX_OUTPUTS:
         return None
     return _small(x, weight, bias, weight.shape[0], _SMALL_ACTS[act], False)
 
