@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +22,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+from bench.probes.probe_kernels import b1_timings  # noqa: E402
 from bouquet.engine import attention  # noqa: E402
 
 
 def main() -> None:
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine
     from bouquet.modelspec import load_spec
 
@@ -52,18 +50,10 @@ def main() -> None:
             eng = Engine(spec, "cuda", "bfloat16", spin_wait=True)  # the bench's engine
             eng.warmup()
             for L in (n for n in lengths if n <= spec.max_seq_length):
-                batch = Batch.pack([np.random.default_rng(L).integers(1000, 30000, size=L, dtype=np.int32)])
-                for _ in range(3):
-                    out = eng.step(batch).wait()
+                out, replay, step, _ = b1_timings(eng, L)
                 outs.setdefault(L, {})[tag] = out
-                gr = next(v for bk, v in eng.graphs.lazy.graphs.items() if bk.seqs == 1 and bk.tokens >= L)
-                R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([tag, round(gpu_ms(gr.replay, 200), 4)])
-                took = []
-                for _ in range(300):
-                    t0 = time.perf_counter()
-                    eng.step(batch).wait()
-                    took.append(time.perf_counter() - t0)
-                R.setdefault(f"{name}/b1_L{L}_step_p50_ms", []).append([tag, round(float(np.median(took[50:])) * 1e3, 4)])
+                R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([tag, replay])
+                R.setdefault(f"{name}/b1_L{L}_step_p50_ms", []).append([tag, step])
             del eng
             torch.cuda.empty_cache()
         for L, o in outs.items():

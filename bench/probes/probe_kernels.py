@@ -43,6 +43,24 @@ def graph_us(fn, n: int = 28, reps: int = 20) -> float:  # type: ignore[no-untyp
     return gpu_ms(g.replay, reps) / n * 1e3
 
 
+def b1_timings(eng, L: int, replay_reps: int = 200, steps: int = 300):  # type: ignore[no-untyped-def]
+    """One sequence of L random tokens through a CUDA engine (its bucket captured on the way):
+    (output rows [1, D] float32, GPU ms per graph replay, ``step().wait()`` p50 ms, the graph)."""
+    from bouquet.engine.batch import Batch
+
+    batch = Batch.pack([np.random.default_rng(L).integers(1000, 30000, size=L, dtype=np.int32)])
+    for _ in range(3):
+        out = eng.step(batch).wait()
+    gr = next(v for bk, v in eng.graphs.lazy.graphs.items() if bk.seqs == 1 and bk.tokens >= L)
+    replay = round(gpu_ms(gr.replay, replay_reps), 4)
+    took = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        eng.step(batch).wait()
+        took.append(time.perf_counter() - t0)
+    return out, replay, round(float(np.median(took[50:])) * 1e3, 4), gr
+
+
 def main() -> None:
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine

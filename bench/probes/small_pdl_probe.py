@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.probes.probe_kernels import gpu_ms  # noqa: E402
+from bench.probes.probe_kernels import b1_timings  # noqa: E402
 from bouquet.engine import pdl  # noqa: E402
 
 
@@ -44,7 +43,6 @@ def kernels_per_replay(fn) -> int:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine
     from bouquet.modelspec import load_spec
 
@@ -68,19 +66,10 @@ def main() -> None:
                 eng = Engine(spec, "cuda", "bfloat16", spin_wait=True, small_gemms=v.startswith("small"))
                 eng.warmup()
                 for L in lengths:
-                    batch = Batch.pack([np.random.default_rng(L).integers(1000, 30000, size=L, dtype=np.int32)])
-                    for _ in range(3):
-                        out = eng.step(batch).wait()
+                    out, replay, step, gr = b1_timings(eng, L, 300, 400)
                     outs.setdefault(L, {})[v] = out
-                    gr = next(g for bk, g in eng.graphs.lazy.graphs.items() if bk.seqs == 1 and bk.tokens >= L)
-                    R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([v, round(gpu_ms(gr.replay, 300), 4)])
-                    took = []
-                    for _ in range(400):
-                        t0 = time.perf_counter()
-                        eng.step(batch).wait()
-                        took.append(time.perf_counter() - t0)
-                    R.setdefault(f"{name}/b1_L{L}_step_p50_ms", []).append(
-                        [v, round(float(np.median(took[50:])) * 1e3, 4)])
+                    R.setdefault(f"{name}/b1_L{L}_replay_ms", []).append([v, replay])
+                    R.setdefault(f"{name}/b1_L{L}_step_p50_ms", []).append([v, step])
                     if rnd == 0:
                         R[f"{name}/b1_L{L}_kernels/{v}"] = kernels_per_replay(gr.replay)
                 del eng
