@@ -81,7 +81,8 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "triton_gemms": (bool, "triton_gemms", typer.Option(
         _default("triton_gemms"), "--triton-gemms/--no-triton-gemms",
         help="On Hopper GPUs, Triton GEMMs where measured faster than cuBLAS: split-K for steps of up to 128 tokens, "
-        "gated MLPs' gate/up with the activation in its epilogue from 2,048 (--no-triton-gemms: none of them; "
+        "gated MLPs' gate/up with the activation in its epilogue from 2,048, qkv / MLP-in with bias or activation "
+        "up to 128 (--no-triton-gemms: none of them; "
         "other GPUs and the CPU never use them).")),
     "capture_bucket": (list[str], "capture_buckets", typer.Option(
         [], metavar="SEQS:TOKENS:MAX_SEQLEN[:uniform]", help="A CUDA-graph bucket 'seqs:tokens:max_seqlen' to capture at start-up (repeatable), "
@@ -200,7 +201,7 @@ def bench(
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
-                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K for small steps, gate/up + activation for large ones; the same as engine on the CPU) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
+                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K and qkv / MLP-in for small steps, gate/up + activation for large ones; the same as engine on the CPU) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
                                      "noop) | openai | transformers. Repeatable."),
     benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),

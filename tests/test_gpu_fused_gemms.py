@@ -1,6 +1,8 @@
 """The gated MLP's gate/up GEMM with the activation in its epilogue (fused_gemms.py) on the GPU:
 the kernel against cuBLAS + the activation kernel, where it applies, and whole engines with it on
-and off (eager, capture, replay) for both activations (Qwen3: SiLU, EmbeddingGemma: tanh-GELU)."""
+and off (eager, capture, replay) for both activations (Qwen3: SiLU, EmbeddingGemma: tanh-GELU);
+and the batch-1 GEMMs (``small_linear``, ``small_gate_up_act``: qkv, MLP-in with bias / activation)
+against cuBLAS + the activation, alone and in engines with ``small_gemms`` on and off."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -147,9 +149,17 @@ def test_engine_with_small_gemms_equals_engine_without_at_batch_1(tmp_path: Path
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
     plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=False)
     fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=True)
-    ran: list[bool] = []
+    assert fused.small_gemms and not plain.small_gemms
+    ran: set[bool] = set()  # gated or not, for each small GEMM that did run
     real = fused_gemms._small
-    monkeypatch.setattr(fused_gemms, "_small", lambda *a: ran.append(True) or real(*a))
+
+    def spy(*a):  # type: ignore[no-untyped-def]
+        out = real(*a)
+        if out is not None:
+            ran.add(a[5])
+        return out
+
+    monkeypatch.setattr(fused_gemms, "_small", spy)
     rng = np.random.default_rng(0)
     for lengths in ([1], [7], [128], [100, 28], [5] * 5, [300]):
         batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
@@ -158,4 +168,5 @@ def test_engine_with_small_gemms_equals_engine_without_at_batch_1(tmp_path: Path
             got = fused.step(batch).wait()
             cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
             assert cos.min() > 0.9999, (lengths, cos.min())
-    assert ran
+    # decoders: the gated gate/up (and qkv up to SMALL_MAX_OUTPUTS); encoders: qkv and up, plain
+    assert ran == ({True, False} if shape in ("qwen3-0.6b", "embeddinggemma-300m") else {False}), ran

@@ -30,6 +30,7 @@ def test_hopper_launches_with_pdl() -> None:
     assert pdl.launch_options(x, "splitk", 400) == {"PDL": True, "launch_pdl": True}
     assert pdl.launch_options(x, "qk_norm_rope", 16) == {"PDL": True, "launch_pdl": True}
     assert pdl.launch_options(x, "qk_norm_rope", 512) == {}  # a large grid after a cuBLAS GEMM: plain
+    assert pdl.launch_options(x, "small_gemm", 512) == {"PDL": True, "launch_pdl": True}  # after an add + norm
     assert pdl.launch_options(torch.empty(1), "splitk", 1) == {}
 
 
@@ -59,7 +60,8 @@ def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantiz
     s = SHAPES[shape]  # full width, two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
-    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True))
+    # small_gemms named: both engines run the same kernels, only their launches differ
+    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True), small_gemms=True)
     with _plain_launches(monkeypatch):
         plain = Engine(spec, "cuda", **opts)
     with_pdl = Engine(spec, "cuda", **opts)

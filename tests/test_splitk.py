@@ -84,3 +84,5 @@ def test_triton_gemms_stay_off_on_the_cpu(tmp_path: Path) -> None:
     assert not any(p.split_k for p in projections(eng.model))
     mlps = [m for m in eng.model.modules() if hasattr(m, "fused_gemms")]
     assert mlps and not any(m.fused_gemms for m in mlps)
+    assert eng.small_gemms is False and not any(p.small_gemm for p in projections(eng.model))
+    assert not any(m.small_gemms for m in eng.model.modules() if hasattr(m, "small_gemms"))

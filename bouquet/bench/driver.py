@@ -97,7 +97,7 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
 
 # systems that are `bouquet serve` with one option changed: the baselines of those changes
 _SERVE_ARGS = {"http-graph8192": ("--graph-max-tokens", "8192"),  # the graph limit before it became the step budget
-               "http-cublas": ("--no-triton-gemms",)}  # cuBLAS for every GEMM (no split-K, no gate/up + activation)
+               "http-cublas": ("--no-triton-gemms",)}  # cuBLAS for every GEMM (no split-K, no small qkv / MLP-in, no gate/up + activation)
 
 
 def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[ServerProcess]) -> Target:

@@ -118,8 +118,9 @@ class Engine:
     ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
     steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
     ``small_gemms``: for steps of at most ``fused_gemms.SMALL_MAX_TOKENS`` tokens, the qkv (+ bias),
-    gate/up + activation and encoders' up + bias + activation GEMMs in Triton (fused_gemms.py), so
-    that those launches take programmatic dependent launch too; None = on for the same devices.
+    gate/up + activation and encoders' up + bias + activation GEMMs in Triton (fused_gemms.py; the
+    plain ones up to ``SMALL_MAX_OUTPUTS`` outputs), so that those launches take programmatic
+    dependent launch too; None = on for the same devices where PDL is supported (``pdl.supported``).
     Implements ``contract.StepEngine``.
     """
 
@@ -171,8 +172,10 @@ class Engine:
                 m.fused_gemms = self.fused_gemms
         # batch-1 steps: the qkv / MLP-in GEMMs in Triton too (fused_gemms.small_linear and
         # small_gate_up_act), with their bias / activation in the epilogue
-        if small_gemms is None:  # measured on the H200 (bench/results/h200-2026-12-01h, call 4)
-            small_gemms = _measured_gpu(self.device)
+        # By default only where their launches take PDL (pdl.py), the reason they pay: alone they are
+        # slower than cuBLAS (measured on the H200: bench/results/h200-2026-12-01h, calls 4 and 5)
+        if small_gemms is None:
+            small_gemms = _measured_gpu(self.device) and pdl_supported(self.device.index or 0)
         self.small_gemms = small_gemms and self.device.type == "cuda"
         for m in model.modules():
             if hasattr(m, "small_gemms"):  # models/decoder.py: DecoderMLP; models/bert.py: PostNormLayer
@@ -397,12 +400,19 @@ class Engine:
 
     def warmup(self) -> None:
         """One small batch through the whole path, so /health turns green only on a working model;
-        then the large steps' Triton GEMM compiled (``fused_gemms.compile_now``)."""
+        then the batch-1 Triton GEMMs' 128-token tiles (one eager forward) and the large steps'
+        Triton GEMM (``fused_gemms.compile_now``) compiled."""
         n = min(8, self.spec.max_seq_length)
         ids = np.full(n, min(100, self.spec.vocab_size - 1), dtype=np.int32)
         rows = self.step(Batch.pack([ids, ids[:1]])).wait()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite outputs; check --dtype and the weights")
+        if (self.small_gemms or self.split_k) and self.spec.max_seq_length >= SMALL_MAX_TOKENS:
+            # their tiles differ above 64 tokens: compile those too, not in the first such request
+            # (an eager forward: no bucket sighting, so the graph histogram stays the requests')
+            with torch.cuda.device(self.device):  # as step(): Triton launches on this replica's GPU
+                self.forward(Batch.pack([np.resize(ids, SMALL_MAX_TOKENS)]))
+            torch.cuda.synchronize(self.device)
         if self.fused_gemms:  # every layer's MLP has the same shapes: one compile serves them all
             mlp = next((m for m in self.model.modules() if hasattr(m, "fused_gemms")), None)
             if mlp is not None:

@@ -35,7 +35,8 @@ of at most ``SMALL_MAX_OUTPUTS`` elements (T·N): Qwen3's qkv at 128 tokens (T·
 cuBLAS, bge-base's qkv and up (≤ 393,216) do not.
 
 What this module does not own: whether a layer may use it (``models/decoder.py``: bf16/fp16
-steps whose MLP does not run in fp8) or whether the engine does (``Engine(fused_gemms=...)``).
+steps whose MLP does not run in fp8; ``models/bert.py``'s up; ``quant.Projection.small_gemm`` for
+qkv) or whether the engine does (``Engine(fused_gemms=...)``, ``Engine(small_gemms=...)``).
 """
 from __future__ import annotations
 
@@ -125,14 +126,16 @@ SMALL_MAX_OUTPUTS = 128 * 3072  # T·N of a plain small GEMM: above, cuBLAS (see
 def _small_tiles(T: int, N: int, K: int, sms: int) -> tuple[int, int, int] | None:
     """(BM, BN, BK) for a small step: 64-row tiles, the widest of 32 / 16 columns that still gives
     every SM a program; None when N or K do not tile."""
-    bn = 32 if -(-T // 64) * (N // 32) >= sms else 16
+    bn = 32 if -(-T // 64) * (N // 32) >= sms and N % 32 == 0 else 16
     if N % bn or K % 64:
         return None
     return 64, bn, 128 if K % 128 == 0 else 64
 
 
-def _small_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _small_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     if not (x.is_cuda and x.dtype in _DTYPES and weight.dtype == x.dtype and x.dim() == 2 and x.stride(1) == 1):
+        return False
+    if bias is not None and not bias.is_contiguous():
         return False
     if x.shape[0] > SMALL_MAX_TOKENS or not weight.is_contiguous() or weight.shape[1] != x.shape[1]:
         return False
@@ -158,7 +161,7 @@ def _small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: 
     return out
 
 
-_SMALL_ACTS = {None: 0, "silu": 1, "gelu_tanh": 2, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu": 3, "relu": 4}
+_SMALL_ACTS = {None: 0, "silu": 1, "swish": 1, "gelu_tanh": 2, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu": 3, "relu": 4}
 
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None = None
@@ -167,8 +170,9 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     ``SMALL_MAX_TOKENS`` tokens and ``SMALL_MAX_OUTPUTS`` outputs on CUDA (fp16/bf16, Triton); None
     where it does not apply (the caller runs cuBLAS). ``act``: None, or a Hugging Face activation name ("gelu": exact erf
     GELU; "gelu_new" / "gelu_pytorch_tanh": tanh GELU; "silu", "relu"), applied to the rounded
-    GEMM output and rounded again, as ``F.linear`` then the activation round."""
-    if act not in _SMALL_ACTS or not _small_ok(x, weight) or x.shape[0] * weight.shape[0] > SMALL_MAX_OUTPUTS:
+    GEMM output and rounded again, as ``F.linear`` then the activation round (and as Hugging Face
+    computes it; the larger steps' cuBLAS epilogue, ``ops.linear_gelu``, takes tanh GELU unrounded)."""
+    if act not in _SMALL_ACTS or not _small_ok(x, weight, bias) or x.shape[0] * weight.shape[0] > SMALL_MAX_OUTPUTS:
         return None
     return _small(x, weight, bias, weight.shape[0], _SMALL_ACTS[act], False)
 

@@ -84,7 +84,7 @@ class Projection:
         self.kind = kind  # one of KINDS: which matmul of the layer this is
         self.defer = defer
         self.split_k = split_k  # the engine turns it off for all (Engine(split_k=False))
-        self.small_gemm = False  # the engine's choice (qkv, Engine(fused_gemms=...)): small steps' Triton GEMM
+        self.small_gemm = False  # the engine's choice (qkv, Engine(small_gemms=...)): small steps' Triton GEMM
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
