@@ -25,20 +25,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from bench.probes.pdl_probe import kernels_per_replay  # noqa: E402
 from bench.probes.probe_kernels import b1_timings  # noqa: E402
 from bouquet.engine import pdl  # noqa: E402
-
-
-def kernels_per_replay(fn) -> int:  # type: ignore[no-untyped-def]
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name
-               and "Memset" not in e.name)
 
 
 def main() -> None:
