@@ -32,6 +32,10 @@ def test_hopper_launches_with_pdl() -> None:
     assert pdl.launch_options(x, "qk_norm_rope", 512) == {}  # a large grid after a cuBLAS GEMM: plain
     assert pdl.launch_options(x, "small_gemm", 512) == {"PDL": True, "launch_pdl": True}  # after an add + norm
     assert pdl.launch_options(torch.empty(1), "splitk", 1) == {}
+    w = torch.empty((64, 1024), dtype=torch.bfloat16, device="cuda")
+    assert pdl.launch_options(x, "splitk", 400, w)["PREFETCH"]  # the weight slab asked of L2 before the wait
+    assert "PREFETCH" not in pdl.launch_options(x, "norm", 16, w)  # a norm streams no weights
+    assert "PREFETCH" not in pdl.launch_options(x, "small_gemm", 64, w.view(-1)[4:4 + 63 * 1024].view(63, 1024))  # unaligned
 
 
 @contextmanager
@@ -48,6 +52,7 @@ def _plain_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                                                 ("bge-base", "fp8")])
 def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantization: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The PDL engine's GEMMs also prefetch their weights into L2: pdl.PREFETCHES.)"""
     from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine import pdl
     from bouquet.engine.batch import Batch

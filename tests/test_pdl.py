@@ -17,6 +17,7 @@ def test_kernels_after_ours_always_take_pdl_the_others_only_with_small_grids() -
         assert pdl.takes_pdl(kernel, pdl.MAX_PROGRAMS)
         assert not pdl.takes_pdl(kernel, pdl.MAX_PROGRAMS + 1)
     assert pdl.FOLLOWS_OURS < pdl.KERNELS
+    assert pdl.PREFETCHES <= pdl.FOLLOWS_OURS  # a prefetch pays only in a grid launched early
 
 
 def test_no_pdl_off_cuda_even_where_supported(monkeypatch: pytest.MonkeyPatch) -> None:

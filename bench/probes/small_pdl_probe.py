@@ -8,7 +8,8 @@ Usage (GPU): python3 bench/probes/small_pdl_probe.py OUT.json [--models-root DIR
 
 Variants: ``cublas`` (the engine as it ships: cuBLAS qkv / MLP-in), ``small`` (Triton GEMMs, PDL
 rule unchanged), ``small-all`` (Triton GEMMs, every Triton kernel with PDL: MAX_PROGRAMS huge),
-``cublas-all`` (cuBLAS, every Triton kernel with PDL). Qwen3-0.6B and bge-base (random weights,
+``cublas-all`` (cuBLAS, every Triton kernel with PDL); a ``-nopf`` suffix: without the GEMMs'
+L2 prefetch of their weights before the PDL wait (``pdl.PREFETCHES`` empty). Qwen3-0.6B and bge-base (random weights,
 bf16), each variant's engine built in turn and alone, two rounds: GPU ms per batch-1 graph replay,
 ``step().wait()`` p50 (spin wait, as the bench's engine), kernels per replay, and the cosine of
 the vectors to the first variant's.
@@ -44,14 +45,15 @@ def main() -> None:
     a = ap.parse_args()
     lengths = [int(v) for v in a.lengths.split(",")]
     variants = a.variants.split(",")
-    keep = pdl.MAX_PROGRAMS
+    keep, keep_pf = pdl.MAX_PROGRAMS, pdl.PREFETCHES
     R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "pdl": pdl.supported(0)}
     for name in a.models.split(","):
         spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root))))
         outs: dict = {}
         for rnd in range(2):
             for v in variants:
-                pdl.MAX_PROGRAMS = 1 << 30 if v.endswith("-all") else keep  # read at each launch (captures keep it)
+                pdl.MAX_PROGRAMS = 1 << 30 if "-all" in v else keep  # read at each launch (captures keep it)
+                pdl.PREFETCHES = frozenset() if v.endswith("-nopf") else keep_pf
                 eng = Engine(spec, "cuda", "bfloat16", spin_wait=True, small_gemms=v.startswith("small"))
                 eng.warmup()
                 for L in lengths:
@@ -70,7 +72,7 @@ def main() -> None:
                 R[f"{name}/b1_L{L}_cosine/{v}"] = float((x * y).sum() / np.linalg.norm(x) / np.linalg.norm(y))
         print(name, json.dumps({k: v for k, v in R.items() if k.startswith(name)}), flush=True)
         Path(a.out_json).write_text(json.dumps(R, indent=1))
-    pdl.MAX_PROGRAMS = keep
+    pdl.MAX_PROGRAMS, pdl.PREFETCHES = keep, keep_pf
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ load and clipped on store), and the small steps' GEMMs with bias / activation ep
 import triton
 import triton.language as tl
 
-from bouquet.engine.kernels import _act, _pdl_enter
+from bouquet.engine.kernels import _act, _pdl_enter, _prefetch_rows
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel per model shape
@@ -39,14 +39,20 @@ def gate_up_act_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.co
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel per model shape
 def small_gemm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K: tl.constexpr, x_stride, HAS_BIAS: tl.constexpr,
                       ACT: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      PDL: tl.constexpr = False):
+                      PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     # Program (n, m): the [BM, BN] tile of epilogue(x · wᵀ), the whole K range, pointer loads (at
     # ≤ 128 tokens the weight tiles stream once; many narrow programs keep every SM reading).
     # Epilogue: + bias, rounded as the GEMM writes it, then act() rounded as HF rounds it; GATED:
     # w = [gate rows; up rows] [2N, K], a second accumulator for the up tile of the same columns,
-    # out = act(gate) · up (gated_act_kernel's rounding).
+    # out = act(gate) · up (gated_act_kernel's rounding). PREFETCH: the first row tile's programs
+    # ask L2 for their weight rows before the PDL wait (pdl.PREFETCHES).
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    if PREFETCH:
+        if pid_m == 0:
+            _prefetch_rows(w_ptr + pid_n * BN * K, K, BN, K * w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+            if GATED:
+                _prefetch_rows(w_ptr + (N + pid_n * BN) * K, K, BN, K * w_ptr.dtype.element_ty.primitive_bitwidth // 8)
     _pdl_enter(PDL)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)

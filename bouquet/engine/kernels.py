@@ -34,6 +34,21 @@ def _pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_rows(base, row_stride, ROWS: tl.constexpr, row_bytes):
+    # pdl.PREFETCHES: ask L2 for ROWS rows of row_bytes bytes, row_stride elements apart, from
+    # base (Hopper's bulk prefetch, PTX cp.async.bulk.prefetch.L2: 16-byte aligned, sizes a multiple
+    # of 16), one row per thread of the first ROWS threads (the others hold replicas of the rows).
+    # A hint: nothing waits for it, and it reads only weights, which no kernel writes.
+    r = tl.arange(0, ROWS)
+    addr = (base + r.to(tl.int64) * row_stride).to(tl.int64, bitcast=True)
+    zero = tl.zeros([ROWS], dtype=tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.lt.u32 p, t, $2; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
+        "=r,l,r,r", [addr, zero + ROWS, zero + row_bytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _unscale(x, rs_ptr, cs_ptr, b_ptr, row, cols, mask, HAS_BIAS: tl.constexpr):
     # raw [cols] fp32 · row scale · column scales (+ bias), before the caller's rounding
     y = x * tl.load(rs_ptr + row) * tl.load(cs_ptr + cols, mask=mask, other=0.0)
@@ -336,13 +351,19 @@ def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
 def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+                       BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False,
+                       PREFETCH: tl.constexpr = False):
     # Program (n, m, s): out[s, m-tile, n-tile] = x[m-tile, K range s] · w[n-tile, K range s]ᵀ in fp32,
     # K range s = [s·K_SPLIT, (s + 1)·K_SPLIT). At batch 1 an N = hidden projection has few output
     # tiles; splitting K gives every SM weights to stream. The reader sums the parts (splitk.py).
+    # PREFETCH: the first row tile's programs ask L2 for their weight slab before the PDL wait.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
+    if PREFETCH:
+        if pid_m == 0:
+            _prefetch_rows(w_ptr + (pid_n * BN).to(tl.int64) * K + pid_s * K_SPLIT, K, BN,
+                           K_SPLIT * w_ptr.dtype.element_ty.primitive_bitwidth // 8)
     _pdl_enter(PDL)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)

@@ -68,6 +68,11 @@ FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm"})
 # 0.7% / 6.6% slower at 128 / 512 (bench/results/h200-2026-12-01g, call 2); 64 measured best of
 # 0 / 32 / 64 / 160 (call 4).
 MAX_PROGRAMS = 64
+# Kernels that stream weights (the batch-1 GEMMs): launched early under PDL, their programs first ask
+# L2 for their own weight slab (``kernels._prefetch_rows``), then wait; the weights do not depend on
+# the previous grid, so HBM streams them while that grid still runs (norms, attention: latency-bound
+# at batch 1) and the GEMM then reads them from L2.
+PREFETCHES = frozenset({"splitk", "small_gemm"})
 
 
 def takes_pdl(kernel: str, programs: int) -> bool:
@@ -79,13 +84,24 @@ def takes_pdl(kernel: str, programs: int) -> bool:
     return kernel in FOLLOWS_OURS or programs <= MAX_PROGRAMS
 
 
-def launch_options(x: torch.Tensor, kernel: str, programs: int) -> dict[str, bool]:
+def _bulk_aligned(weight: torch.Tensor) -> bool:
+    # the bulk prefetch takes 16-byte aligned addresses and sizes (PTX ISA, cp.async.bulk.prefetch)
+    return weight.is_contiguous() and weight.data_ptr() % 16 == 0 and weight.shape[-1] * weight.element_size() % 16 == 0
+
+
+def launch_options(x: torch.Tensor, kernel: str, programs: int, weight: torch.Tensor | None = None
+                   ) -> dict[str, bool]:
     """Extra launch keywords for the Triton kernel ``kernel`` (a name of ``KERNELS``) launching
     ``programs`` programs on ``x``'s device: ``PDL`` (the kernel's constexpr: wait, then signal)
     and ``launch_pdl`` (Triton's launch attribute) where ``supported`` and ``takes_pdl``; else
-    none (a plain launch). Raises ValueError for an unknown kernel name."""
+    none (a plain launch). ``weight`` [N, K]: the kernel's weight, for ``PREFETCH`` (the kernel's
+    constexpr: prefetch its slab into L2 before the wait) where ``kernel`` is in ``PREFETCHES``
+    and the weight suits the bulk prefetch. Raises ValueError for an unknown kernel name."""
     if not takes_pdl(kernel, programs) or not x.is_cuda:
         return {}
     if supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
-        return {"PDL": True, "launch_pdl": True}
+        opts = {"PDL": True, "launch_pdl": True}
+        if kernel in PREFETCHES and weight is not None and _bulk_aligned(weight):
+            opts["PREFETCH"] = True
+        return opts
     return {}

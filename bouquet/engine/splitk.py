@@ -109,5 +109,5 @@ def splitk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         k_split = K // plan.parts
         k.splitk_gemm_kernel[grid](x, weight, parts, T, N, K, x.stride(0), K_SPLIT=k_split, BM=plan.bm, BN=plan.bn,
                                    BK=plan.bk, num_warps=plan.warps, num_stages=plan.stages,
-                                   **launch_options(x, "splitk", grid[0] * grid[1] * grid[2]))
+                                   **launch_options(x, "splitk", grid[0] * grid[1] * grid[2], weight))
     return PartialRows(parts, bias, x.dtype)
