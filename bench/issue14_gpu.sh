@@ -18,6 +18,8 @@
 #   long   bench/probes/attn_long_single_probe.py: one long causal sequence, Triton vs cuDNN (exact and padded).
 #   b1host bench/probes/b1_host_probe.py: where a batch-1 step's host time goes (pieces of Engine.step, a trace).
 #   spdl   bench/probes/small_pdl_probe.py: batch-1 layers of Triton kernels only (small qkv / MLP-in GEMMs) with PDL; SPDL_ARGS.
+#   tl     bench/probes/timeline_probe.py: one batch-1 replay's kernels charged the time each adds to its end,
+#          per L2-prefetch variant; TL_ARGS.
 #   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
@@ -126,6 +128,11 @@ fi
 if has spdl; then
   timeout ${SPDL_TIMEOUT:-400} python3 bench/probes/small_pdl_probe.py "$R/small_pdl.json" --models-root $M ${SPDL_ARGS:-} > "$R/small_pdl.log" 2>&1
   grep -v "^Writing\|it/s" "$R/small_pdl.log" | tail -c 5000
+  bundle
+fi
+if has tl; then
+  timeout ${TL_TIMEOUT:-400} python3 bench/probes/timeline_probe.py "$R/timeline.json" --models-root $M ${TL_ARGS:-} > "$R/timeline.log" 2>&1
+  grep -v "^Writing\|it/s" "$R/timeline.log" | tail -c 4000
   bundle
 fi
 if has long; then
