@@ -10,7 +10,9 @@ Usage (GPU): python3 bench/probes/splitk_probe.py OUT.json [--models-root DIR] [
 2. ``pair``: the GEMM and the add + norm kernel that reads it (add_rms_norm for Qwen3, add_layer_norm
    for the encoders), cuBLAS + plain rows vs split-K + PartialRows, and the largest difference of
    the normed rows (bf16 ulps apart at most).
-3. ``engines``: batch-1 graph replays (``--lengths``, default 16–512 tokens) of Qwen3-0.6B and bge-base built with
+3. ``big``: steps of 256 / 512 tokens, above ``splitk.MAX_TOKENS``: a wider sweep (tiles to 128 × 128,
+   8 warps, 4 stages), alone and the three fastest with their reader, against cuBLAS.
+4. ``engines``: batch-1 graph replays (``--lengths``, default 16–512 tokens) of Qwen3-0.6B and bge-base built with
    ``split_k`` off and on, twice each in turn (random weights): GPU ms per replay, the p50 of
    ``step().wait()`` end to end, and the cosine of their outputs.
 """
@@ -110,6 +112,47 @@ def pairs() -> dict:
     return R
 
 
+def big(lengths: tuple[int, ...] = (256, 512)) -> dict:
+    """Steps above ``splitk.MAX_TOKENS`` (issue 14, batch-1 L512, where cuBLAS takes 64 × 64 tiles for
+    the N = hidden projections): wider tiles, 8 warps and 4 stages in the sweep, each plan alone
+    (28-call graph) and, for the three fastest, with the add + norm reader against cuBLAS + reader."""
+    R: dict = {}
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for model, name, K, N, has_bias in SHAPES[:4]:
+        ws = [(torch.randn(N, K, device="cuda", generator=g) * 0.02).to(torch.bfloat16) for _ in range(LAYERS)]
+        b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if has_bias else None
+        rms = RMSNorm(N, 1e-6).cuda().to(torch.bfloat16)
+        ln = torch.nn.LayerNorm(N, eps=1e-12).cuda().to(torch.bfloat16)
+        for T in lengths:
+            x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
+            res = torch.randn(T, N, device="cuda", generator=g).to(torch.bfloat16)
+            row: dict = {"cublas": round(graph_us(lambda i: F.linear(x, ws[i], b)), 2)}
+            found = []
+            for bm, bn, bk, parts, warps, stages in itertools.product((64, 128), (64, 128), (64, 128), (2, 4),
+                                                                       (4, 8), (3, 4)):
+                p = splitk.SplitPlan(bm, bn, bk, parts, warps, stages)
+                if not p.fits(T, N, K) or K // parts < 2 * bk or p.smem_bytes() > 200 * 1024:
+                    continue
+                us = graph_us(lambda i: splitk.splitk_linear(x, ws[i], b, p))
+                found.append((us, p))
+                row[f"{bm}x{bn}x{bk}/{parts}/w{warps}s{stages}"] = round(us, 2)
+            found.sort(key=lambda f: f[0])
+
+            def pair(i: int, p: "splitk.SplitPlan | None"):  # type: ignore[no-untyped-def]
+                y = F.linear(x, ws[i], b) if p is None else splitk.splitk_linear(x, ws[i], b, p)
+                return add_rms_norm(y, res, rms)[0] if model == "qwen3" else add_layer_norm(y, res, ln)
+
+            row["pair_cublas"] = round(graph_us(lambda i: pair(i, None)), 2)
+            for us, p in found[:3]:
+                key = f"{p.bm}x{p.bn}x{p.bk}/{p.parts}/w{p.warps}s{p.stages}"
+                diff = (pair(0, p).float() - pair(0, None).float()).abs().max().item()
+                row[f"pair/{key}"] = [round(graph_us(lambda i: pair(i, p)), 2), f"max|diff| {diff:.2e}"]
+            R[f"{model}/{name}/T{T}"] = row
+            print("big", model, name, T, {k: v for k, v in row.items() if k.startswith(("cublas", "pair"))},
+                  "best", [(round(u, 2), str(p)) for u, p in found[:3]], flush=True)
+    return R
+
+
 def engines(root: Path, lengths: tuple[int, ...] = (16, 32, 64, 128, 512)) -> dict:
     from bouquet.bench.models import SHAPES as MODEL_SHAPES, make_model_dir
     from bouquet.engine.batch import Batch
@@ -158,7 +201,7 @@ def main() -> None:
     a = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     for part in a.parts.split(","):
-        res[part] = {"gemm": lambda: gemms(a.quick), "pair": pairs, "engines": lambda: engines(Path(a.models_root), tuple(int(n) for n in a.lengths.split(",")))}[part]()
+        res[part] = {"gemm": lambda: gemms(a.quick), "pair": pairs, "big": big, "engines": lambda: engines(Path(a.models_root), tuple(int(n) for n in a.lengths.split(",")))}[part]()
         Path(a.out_json).write_text(json.dumps(res, indent=1))
 
 

@@ -8,7 +8,8 @@ Usage (GPU): python3 bench/probes/timeline_probe.py OUT.json [--models-root DIR]
 [--models qwen3-0.6b,bge-base] [--variants both,none,splitk,small]
 
 Variants choose which weight-streaming kernels prefetch their slab into L2 before the PDL wait
-(``pdl.PREFETCHES``): ``both`` (as shipped), ``none``, ``splitk`` only, ``small`` (small_gemm) only.
+(``pdl.PREFETCHES``): ``both`` (as shipped), ``none``, ``splitk`` only, ``small`` (the small GEMMs)
+only, ``ungated`` (all but the gated gate/up GEMM).
 Engines are built in turn, one alive at a time, random full-size weights, bf16, Triton GEMMs on.
 """
 from __future__ import annotations
@@ -25,8 +26,9 @@ sys.path.insert(0, str(REPO))
 from bench.probes.probe_kernels import b1_timings  # noqa: E402
 from bouquet.engine import pdl  # noqa: E402
 
-_SETS = {"both": frozenset({"splitk", "small_gemm"}), "none": frozenset(), "splitk": frozenset({"splitk"}),
-         "small": frozenset({"small_gemm"})}
+_SETS = {"both": frozenset({"splitk", "small_gemm", "small_gated"}), "none": frozenset(),
+         "splitk": frozenset({"splitk"}), "small": frozenset({"small_gemm", "small_gated"}),
+         "ungated": frozenset({"splitk", "small_gemm"})}
 
 
 def _short(name: str) -> str:

@@ -157,7 +157,7 @@ def _small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: 
         gemm_kernels.small_gemm_kernel[grid](
             x, weight, bias if bias is not None else weight, out, T, n, K, x.stride(0), HAS_BIAS=bias is not None,
             ACT=act, GATED=gated, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3,
-            **launch_options(x, "small_gemm", grid[0] * grid[1], weight))
+            **launch_options(x, "small_gated" if gated else "small_gemm", grid[0] * grid[1], weight))
     return out
 
 

@@ -55,12 +55,14 @@ def supported(device_index: int) -> bool:
 
 
 # The launch sites' names for their kernels.
-KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant", "small_gemm"})
+KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant", "small_gemm",
+                     "small_gated"})
 # Kernels that always take PDL: the add + norm kernels reading split-K parts (after the split-K
 # GEMM) and the split-K GEMM itself — in decoders after our attention or gated activation; in
 # encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4);
-# and the small steps' qkv / MLP-in GEMMs (fused_gemms.small_linear), which follow an add + norm.
-FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm"})
+# and the small steps' qkv / MLP-in GEMMs (fused_gemms.small_linear; small_gated: the gated MLP's
+# gate/up, small_gate_up_act), which follow an add + norm.
+FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm", "small_gated"})
 # The others (attention, q/k-norm + rotary, the activations, norms of a cuBLAS output) follow a
 # cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
 # grid this small, as their programs may start early and wait on the SMs through the whole
@@ -72,7 +74,7 @@ MAX_PROGRAMS = 64
 # L2 for their own weight slab (``kernels._prefetch_rows``), then wait; the weights do not depend on
 # the previous grid, so HBM streams them while that grid still runs (norms, attention: latency-bound
 # at batch 1) and the GEMM then reads them from L2.
-PREFETCHES = frozenset({"splitk", "small_gemm"})
+PREFETCHES = frozenset({"splitk", "small_gemm", "small_gated"})
 
 
 def takes_pdl(kernel: str, programs: int) -> bool:
