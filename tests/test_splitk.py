@@ -30,11 +30,21 @@ def test_plans_tile_exactly_with_k_ranges_of_192_columns_or_more(T: int, N: int,
     assert p.smem_bytes() <= 227 * 1024  # Hopper's shared memory per block
 
 
+@pytest.mark.parametrize("T,N,K,parts", [(129, 1024, 2048, 4), (256, 1024, 3072, 4), (257, 768, 768, 2),
+                                         (512, 1024, 3072, 2), (300, 384, 1536, 2)])
+def test_steps_above_128_tokens_take_the_wide_plan(T: int, N: int, K: int, parts: int) -> None:
+    p = plan_for(T, N, K, 132)
+    assert p == SplitPlan(64, 128, 64, parts, warps=4, stages=4) and p.fits(T, N, K)
+    assert p.smem_bytes() <= 227 * 1024
+
+
 def test_no_plan_where_cublas_has_tiles_or_the_sizes_do_not_tile() -> None:
     assert plan_for(MAX_TOKENS + 1, 1024, 2048, 132) is None
     assert plan_for(0, 1024, 2048, 132) is None
     assert plan_for(128, 1000, 2048, 132) is None  # N not a multiple of the tile width
     assert plan_for(128, 1024, 200, 132) is None  # K too short to split
+    assert plan_for(256, 1000, 2048, 132) is None  # the wide plan's tile width does not divide N
+    assert plan_for(200, 384, 384, 132) is None  # four K ranges of 96 columns: too short
     assert not SplitPlan(64, 64, 128, 1).fits(128, 1024, 2048)  # one part is no split
 
 

@@ -1,5 +1,5 @@
-"""Where a batch-1 replay's time goes when kernels overlap (issue 14): with programmatic dependent
-launch a kernel's programs start before its predecessor ends, so kernel durations overlap and
+"""Batch-1 replays per variant, and where a replay's time goes when kernels overlap (issue 14):
+with programmatic dependent launch a kernel's programs start before its predecessor ends, so kernel durations overlap and
 their sum says little. This probe takes one graph replay's kernels from the profiler (CUPTI start
 and end times) in stream order and charges each kernel the time it adds to the replay's end:
 ``end_i − end_{i−1}``, summed per kernel name. Also the summed durations and the mean start gap.
@@ -9,7 +9,9 @@ Usage (GPU): python3 bench/probes/timeline_probe.py OUT.json [--models-root DIR]
 
 Variants choose which weight-streaming kernels prefetch their slab into L2 before the PDL wait
 (``pdl.PREFETCHES``): ``both`` (as shipped), ``none``, ``splitk`` only, ``small`` (the small GEMMs)
-only, ``ungated`` (all but the gated gate/up GEMM).
+only, ``ungated`` (all but the gated gate/up GEMM); ``+nolimit``: whatever the weight's size
+(``pdl.PREFETCH_MAX_BYTES``); ``+skN``: split-K GEMMs up to N tokens (``splitk.MAX_TOKENS``).
+The per-kernel timeline is taken with ``--timeline`` only (round 1).
 Engines are built in turn, one alive at a time, random full-size weights, bf16, Triton GEMMs on.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from bench.probes.probe_kernels import b1_timings  # noqa: E402
-from bouquet.engine import pdl  # noqa: E402
+from bouquet.engine import pdl, splitk  # noqa: E402
 
 _SETS = {"both": frozenset({"splitk", "small_gemm", "small_gated"}), "none": frozenset(),
          "splitk": frozenset({"splitk"}), "small": frozenset({"small_gemm", "small_gated"}),
@@ -78,27 +80,33 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-0.6b,bge-base")
     ap.add_argument("--variants", default="both,none,splitk,small")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeline", action="store_true")
     a = ap.parse_args()
-    keep = pdl.PREFETCHES
+    keep = pdl.PREFETCHES, pdl.PREFETCH_MAX_BYTES, splitk.MAX_TOKENS
     R: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "pdl": pdl.supported(0)}
     for name in a.models.split(","):
         spec = load_spec(str(make_model_dir(SHAPES[name], Path(a.models_root))))
         for rnd in range(a.rounds):
             for v in a.variants.split(","):
-                pdl.PREFETCHES = _SETS[v]  # read at each launch; captures keep what they saw
+                pf, *mods = v.split("+")
+                pdl.PREFETCHES = _SETS[pf]  # read at each launch; captures keep what they saw
+                pdl.PREFETCH_MAX_BYTES = 1 << 40 if "nolimit" in mods else keep[1]
+                splitk.MAX_TOKENS = next((int(m[2:]) for m in mods if m.startswith("sk")), keep[2])
+                splitk.plan_for.cache_clear()
                 eng = Engine(spec, "cuda", "bfloat16", spin_wait=True, small_gemms=True)
                 eng.warmup()
                 for L in (int(x) for x in a.lengths.split(",")):
                     _, replay, step, gr = b1_timings(eng, L, 300, 300)
                     R.setdefault(f"{name}/L{L}/replay_ms", []).append([v, replay])
                     R.setdefault(f"{name}/L{L}/step_p50_ms", []).append([v, step])
-                    if rnd == 0:
+                    if rnd == 0 and a.timeline:
                         R[f"{name}/L{L}/timeline/{v}"] = timeline(gr.replay)
                 del eng
                 torch.cuda.empty_cache()
         print(name, json.dumps({k: v for k, v in R.items() if k.startswith(name) and "timeline" not in k}), flush=True)
         Path(a.out_json).write_text(json.dumps(R, indent=1))
-    pdl.PREFETCHES = keep
+    pdl.PREFETCHES, pdl.PREFETCH_MAX_BYTES, splitk.MAX_TOKENS = keep
+    splitk.plan_for.cache_clear()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
 from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, SMALL_MAX_TOKENS, compile_now
 from bouquet.engine.pdl import supported as pdl_supported
-from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS
+from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS, WARM_TOKENS
 from bouquet.engine.st_head import build_head
 from bouquet.engine.registry import model_class
 from bouquet.engine.weights import assign_weights, load_safetensors
@@ -400,18 +400,20 @@ class Engine:
 
     def warmup(self) -> None:
         """One small batch through the whole path, so /health turns green only on a working model;
-        then the batch-1 Triton GEMMs' 128-token tiles (one eager forward) and the large steps'
-        Triton GEMM (``fused_gemms.compile_now``) compiled."""
+        then the small steps' Triton GEMMs compiled for each tile set (eager forwards of
+        ``splitk.WARM_TOKENS`` tokens) and the large steps' Triton GEMM (``fused_gemms.compile_now``)."""
         n = min(8, self.spec.max_seq_length)
         ids = np.full(n, min(100, self.spec.vocab_size - 1), dtype=np.int32)
         rows = self.step(Batch.pack([ids, ids[:1]])).wait()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite outputs; check --dtype and the weights")
-        if (self.small_gemms or self.split_k) and self.spec.max_seq_length >= SMALL_MAX_TOKENS:
-            # their tiles differ above 64 tokens: compile those too, not in the first such request
-            # (an eager forward: no bucket sighting, so the graph histogram stays the requests')
+        if self.small_gemms or self.split_k:
+            # their tiles differ by step length: compile each set now, not in the first such request
+            # (eager forwards: no bucket sighting, so the graph histogram stays the requests')
             with torch.cuda.device(self.device):  # as step(): Triton launches on this replica's GPU
-                self.forward(Batch.pack([np.resize(ids, SMALL_MAX_TOKENS)]))
+                for n in sorted({min(t, self.spec.max_seq_length) for t in WARM_TOKENS}):
+                    if n > len(ids):
+                        self.forward(Batch.pack([np.resize(ids, n)]))
             torch.cuda.synchronize(self.device)
         if self.fused_gemms:  # every layer's MLP has the same shapes: one compile serves them all
             mlp = next((m for m in self.model.modules() if hasattr(m, "fused_gemms")), None)

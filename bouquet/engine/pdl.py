@@ -75,6 +75,11 @@ MAX_PROGRAMS = 64
 # the previous grid, so HBM streams them while that grid still runs (norms, attention: latency-bound
 # at batch 1) and the GEMM then reads them from L2.
 PREFETCHES = frozenset({"splitk", "small_gemm", "small_gated"})
+# ... but only weights of at most this many bytes: measured on the H200 (bench/results/h200-2026-12-02,
+# calls 1–3), bge-base's (≤ 4.7 MB) and Qwen3-0.6B's o / down (4.2 / 6.3 MB) gain 1–4% per batch-1
+# replay, while Qwen3-0.6B's qkv and gate/up (8.4 / 12.6 MB) lose 1–3%: more than HBM streams while
+# the add + norm before them runs, the prefetch then queues ahead of the GEMM's own loads.
+PREFETCH_MAX_BYTES = 7 << 20
 
 
 def takes_pdl(kernel: str, programs: int) -> bool:
@@ -97,13 +102,14 @@ def launch_options(x: torch.Tensor, kernel: str, programs: int, weight: torch.Te
     ``programs`` programs on ``x``'s device: ``PDL`` (the kernel's constexpr: wait, then signal)
     and ``launch_pdl`` (Triton's launch attribute) where ``supported`` and ``takes_pdl``; else
     none (a plain launch). ``weight`` [N, K]: the kernel's weight, for ``PREFETCH`` (the kernel's
-    constexpr: prefetch its slab into L2 before the wait) where ``kernel`` is in ``PREFETCHES``
-    and the weight suits the bulk prefetch. Raises ValueError for an unknown kernel name."""
+    constexpr: prefetch its slab into L2 before the wait) where ``kernel`` is in ``PREFETCHES``,
+    the weight has at most ``PREFETCH_MAX_BYTES`` and suits the bulk prefetch. Raises ValueError for an unknown kernel name."""
     if not takes_pdl(kernel, programs) or not x.is_cuda:
         return {}
     if supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
         opts = {"PDL": True, "launch_pdl": True}
-        if kernel in PREFETCHES and weight is not None and _bulk_aligned(weight):
+        if kernel in PREFETCHES and weight is not None and _bulk_aligned(weight) \
+                and weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES:
             opts["PREFETCH"] = True
         return opts
     return {}

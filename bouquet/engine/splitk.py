@@ -30,7 +30,11 @@ import torch
 from bouquet.engine.fp8_rows import PartialRows
 from bouquet.engine.pdl import launch_options
 
-MAX_TOKENS = 128  # above this cuBLAS, or a split-K GEMM whose reader gives its gain back (12-01e call 1, below)
+MAX_TOKENS = 512  # above this cuBLAS has the tiles (bench/results/h200-2026-12-02, call 3)
+NARROW_MAX_TOKENS = 128  # up to here 64 × 32 tiles (12-01e); above, the wide plan of ``plan_for``
+# warm-up step lengths (Engine.warmup), one per set of compiled kernels above its 8-token step: 128
+# (the small GEMMs' and split-K's tiles above 64 tokens), 256 / 512 (the wide plan's 4 / 2 parts)
+WARM_TOKENS = (128, 256, 512)
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -60,10 +64,17 @@ class SplitPlan:
 def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
     """The split-K plan for T tokens through an [N, K] weight on a GPU of ``sms`` SMs, or None
     where cuBLAS is the better choice (more than MAX_TOKENS tokens, K too short to split, sizes
-    that do not tile). Parts: K ranges of at least 192 columns, at most 16 parts and 3 waves of
-    ``sms`` programs."""
+    that do not tile). Up to ``NARROW_MAX_TOKENS`` tokens, parts: K ranges of at least 192 columns,
+    at most 16 parts and 3 waves of ``sms`` programs; above, one wide plan (see the code)."""
     if T > MAX_TOKENS or T < 1:
         return None
+    if T > NARROW_MAX_TOKENS:
+        # 129–512 tokens: 64 × 128 tiles, 4 stages, K in 4 ranges up to 256 tokens and 2 above: the
+        # fastest with the add + norm reader in the 12-02 sweep (call 3: o and down of Qwen3-0.6B and
+        # bge-base at 256 tokens 16–22% faster than cuBLAS + reader; at 512 +/−3%, bge's o 12%)
+        parts = 4 if T <= 256 else 2
+        plan = SplitPlan(64, 128, 64, parts, warps=4, stages=4)
+        return plan if plan.fits(T, N, K) and K // parts >= 2 * plan.bk else None
     # the fastest tiles of the 12-01e sweep (Qwen3-0.6B, bge-base, all-MiniLM-L6-v2 o / down, 16–128
     # tokens): 64 × 32 output tiles and K ranges of 192–512 columns; fewer parts also mean less
     # for the reader to add up
