@@ -80,7 +80,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
         "(--no-graph-segments: one graph per bucket).")),
     "triton_gemms": (bool, "triton_gemms", typer.Option(
         _default("triton_gemms"), "--triton-gemms/--no-triton-gemms",
-        help="On Hopper GPUs, Triton GEMMs where measured faster than cuBLAS: split-K for steps of up to 128 tokens, "
+        help="On Hopper GPUs, Triton GEMMs where measured faster than cuBLAS: split-K for steps of up to 256 tokens, "
         "gated MLPs' gate/up with the activation in its epilogue from 2,048, qkv / MLP-in with bias or activation "
         "up to 128 (--no-triton-gemms: none of them; "
         "other GPUs and the CPU never use them).")),

@@ -137,8 +137,9 @@ class ServeConfig:
     # Each bucket's CUDA graph cut into segments at layer boundaries, so the GPU starts after the
     # first segment's launch (engine/graphs.py, bench/results/h200-2026-12-01g); False = one graph
     graph_segments: bool = True
-    # The engine's Triton GEMMs where measured faster on Hopper (split-K and qkv / MLP-in for steps
-    # of ≤ 128 tokens, gate/up with the activation from 2,048: bench/results/h200-2026-12-01e, -01h);
+    # The engine's Triton GEMMs where measured faster on Hopper (split-K for steps of ≤ 256 tokens,
+    # qkv / MLP-in for ≤ 128, gate/up with the activation from 2,048: bench/results/h200-2026-12-01e,
+    # -01h, -12-02);
     # False = none of them
     triton_gemms: bool = True
     capture_buckets: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up

@@ -14,7 +14,8 @@ What was measured (H200): a split-K GEMM whose parts a separate reduction kernel
 last program, adds up gave its gain back (bench/results/h200-2026-12-01, call 2); summed in the
 reader instead, with the tiles of ``plan_for``, batch-1 graph replays of 16–128 tokens run 7–9%
 faster (Qwen3-0.6B 1.11 → 1.01 ms at 16 tokens, 1.22 → 1.13 at 128; bge-base 0.40 → 0.37 and
-0.44 → 0.41; bench/results/h200-2026-12-01e). At 512 tokens the GEMM alone loses to cuBLAS.
+0.44 → 0.41; bench/results/h200-2026-12-01e). From 129 to 256 tokens a wider plan (64 × 128 tiles)
+does the same (bench/results/h200-2026-12-02); at 512 tokens the replays lose.
 
 What this module does not own: which projections may return parts (the models say so through
 ``quant.Projection(split_k=True)``: only those whose every reader is an add + norm kernel) or
@@ -30,11 +31,11 @@ import torch
 from bouquet.engine.fp8_rows import PartialRows
 from bouquet.engine.pdl import launch_options
 
-MAX_TOKENS = 512  # above this cuBLAS has the tiles (bench/results/h200-2026-12-02, call 3)
+MAX_TOKENS = 256  # above this cuBLAS (at 512 tokens split-K replays were 3–5% slower: 12-02 call 4)
 NARROW_MAX_TOKENS = 128  # up to here 64 × 32 tiles (12-01e); above, the wide plan of ``plan_for``
 # warm-up step lengths (Engine.warmup), one per set of compiled kernels above its 8-token step: 128
-# (the small GEMMs' and split-K's tiles above 64 tokens), 256 / 512 (the wide plan's 4 / 2 parts)
-WARM_TOKENS = (128, 256, 512)
+# (the small GEMMs' and split-K's tiles above 64 tokens), 256 (the wide plan)
+WARM_TOKENS = (128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -69,12 +70,11 @@ def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
     if T > MAX_TOKENS or T < 1:
         return None
     if T > NARROW_MAX_TOKENS:
-        # 129–512 tokens: 64 × 128 tiles, 4 stages, K in 4 ranges up to 256 tokens and 2 above: the
-        # fastest with the add + norm reader in the 12-02 sweep (call 3: o and down of Qwen3-0.6B and
-        # bge-base at 256 tokens 16–22% faster than cuBLAS + reader; at 512 +/−3%, bge's o 12%)
-        parts = 4 if T <= 256 else 2
-        plan = SplitPlan(64, 128, 64, parts, warps=4, stages=4)
-        return plan if plan.fits(T, N, K) and K // parts >= 2 * plan.bk else None
+        # 129–256 tokens: 64 × 128 tiles, 4 stages, K in 4 ranges: the fastest with the add + norm
+        # reader in the 12-02 sweep (call 3: o and down of Qwen3-0.6B and bge-base at 256 tokens 16–22%
+        # faster than cuBLAS + reader; whole batch-1 replays at 256 tokens 5–8% faster, call 4)
+        plan = SplitPlan(64, 128, 64, 4, warps=4, stages=4)
+        return plan if plan.fits(T, N, K) and K // plan.parts >= 2 * plan.bk else None
     # the fastest tiles of the 12-01e sweep (Qwen3-0.6B, bge-base, all-MiniLM-L6-v2 o / down, 16–128
     # tokens): 64 × 32 output tiles and K ranges of 192–512 columns; fewer parts also mean less
     # for the reader to add up
