@@ -64,6 +64,8 @@ def test_bench_http_text_path_smoke(tmp_path: Path) -> None:
     assert rows[("3", "b4 L32")]["emb_s"] > 0
     assert {c for b, c in rows if b == "4"} == {"c1 L32", "c2 L32"}
     assert all(r["n"] >= 2 and r["req_s"] > 0 for (b, _), r in rows.items() if b == "4")
+    # the server's capture counter read from /metrics around each timed window (no graphs on the CPU)
+    assert all(r["captures_in_window"] == 0 for (b, _), r in rows.items() if b == "4")
 
 
 def test_bench_queries_smoke(tmp_path: Path) -> None:

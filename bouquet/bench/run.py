@@ -258,7 +258,9 @@ def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed:
 
 def bench_concurrency(target: Target, shape: ModelShape, s: Settings, rate: float, texts: list[str]) -> list[dict[str, Any]]:
     """Benchmark 4: ``c`` clients each sending one text at a time; latency per request (after an
-    untimed window of the same load, ``s.warmup_s``)."""
+    untimed window of the same load, ``s.warmup_s``). ``captures_in_window``: CUDA graphs the
+    system captured during the timed window (each a stall of 50–1,000 ms for the batch that
+    triggers it: a p99 far above the p50 with captures here is the warm-up's, not the steady state's)."""
     rows = []
     for c in s.concurrency:
         for t in texts[:2]:
@@ -277,11 +279,15 @@ def bench_concurrency(target: Target, shape: ModelShape, s: Settings, rate: floa
             _window(c, client, s.warmup_s)
             for xs in lat:
                 xs.clear()
+        before = target.graph_captures()
         with MidSample(s.seconds / 2) as g:
             elapsed = _window(c, client, s.seconds)
+        after = target.graph_captures()
         ms = [x for xs in lat for x in xs]
         row = _latency_row("4", f"c{c} L{s.conc_len}", target, ms, shape.sequence_flops(s.conc_len), rate)
         row["gpu"] = g.state
+        if before is not None and after is not None:
+            row["captures_in_window"] = after - before
         row["req_s"] = round(len(ms) / elapsed, 1)
         rows.append(row)
     return rows

@@ -44,6 +44,11 @@ class Target:
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         raise NotImplementedError(f"{self.name} takes pre-tokenized input only")
 
+    def graph_captures(self) -> int | None:
+        """CUDA graphs the system has captured so far (start-up and lazy captures); None where it
+        does not say (transformers, other servers)."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -86,6 +91,9 @@ class EngineTarget(Target):
         with self._lock:
             handle = self.engine.step(batch)
         return finalize(handle.wait(), self.spec.normalize, None)
+
+    def graph_captures(self) -> int | None:
+        return self.engine.graph_captures
 
 
 class TransformersTarget(Target):
@@ -165,6 +173,9 @@ class GrpcTarget(Target):
         rep = self._embed(req, timeout=600)
         return np.frombuffer(rep.output.data, "<f4").reshape(tuple(rep.output.shape))
 
+    def graph_captures(self) -> int | None:
+        return int(self._info(self.pb.InfoRequest(), timeout=10).graph_captures)
+
     def close(self) -> None:
         self.channel.close()
 
@@ -228,6 +239,18 @@ class HttpTarget(Target):
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         return self._post(texts)
+
+    def graph_captures(self) -> int | None:
+        """The sum over replicas of the gateway's ``bouquet_replica_graph_captures`` counter
+        (/metrics, parsed by prometheus_client); None when the server exports no such counter."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, raw = self._request("GET", self._path.removesuffix("/v1/embeddings") + "/metrics", timeout=10)
+        if status != 200:
+            return None
+        found = [s.value for f in text_string_to_metric_families(raw.decode()) if f.name == "bouquet_replica_graph_captures"
+                 for s in f.samples if s.name.endswith("_total")]
+        return int(sum(found)) if found else None
 
     def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
         """Poll /health until 200; ``alive`` raises when the server process has died."""
