@@ -27,6 +27,8 @@ LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug") 
 
 # Default sizes, written here only (the server, the offline job and the CLI read them from here).
 MAX_BATCH_SEQS = 512  # sequence slots per engine step
+# the gateway polls each healthy replica's Info this often (s): its /metrics per replica are that old at most
+REPLICA_POLL_S = 1.0
 CHUNK_TOKENS = 8192  # the gateway splits a large request into chunks of about this many tokens
 INTERACTIVE_MAX_TOKENS = 2048  # requests without 'priority' of at most this many tokens are interactive
 # Batches with more tokens run eagerly, not as a CUDA-graph replay: the GPU step budget, so every full

@@ -184,3 +184,32 @@ def test_latency_benchmarks_run_only_the_cases_asked_for(tmp_path: Path, benchma
     rows = R.bench_latency(target, TINY_BERT, s, 1e12, np.random.default_rng(0), benchmarks)
     assert {r["bench"] for r in rows} == set(benchmarks)
     assert set(sizes) == {n for b, n in (("1", 1), ("2", 3)) if b in benchmarks}  # batch 1 / the 3-pair batch
+
+
+def test_concurrency_warm_up_lasts_until_no_new_graph_is_captured(tmp_path: Path) -> None:
+    """Benchmark 4 repeats its untimed window while the system still captures CUDA graphs (on a GPU
+    the first shapes' captures made 16 clients' p99 4–10× their p50: bench/results/h200-2026-12-02),
+    and records the captures of the warm-up and of the timed window apart. A CPU engine captures
+    none, so its graph counter is stepped by hand: +1 per request for the first 12 requests."""
+    import numpy as np
+
+    from bouquet.bench import run as R
+    from bouquet.bench.models import TINY_BERT, make_model_dir
+    from bouquet.bench.targets import EngineTarget
+
+    target = EngineTarget(make_model_dir(TINY_BERT, tmp_path), "cpu")
+    ids = np.arange(1000, 1016, dtype=np.int32)
+    calls: list[int] = []
+    target.embed_texts = lambda texts: calls.append(1) or target.embed_ids([ids])  # type: ignore[method-assign]
+    target.graph_captures = lambda: min(len(calls), 12)  # type: ignore[method-assign]
+    windows: list[float] = []
+    real_window = R._window
+    try:
+        R._window = lambda n, work, seconds: windows.append(seconds) or real_window(n, work, seconds)  # type: ignore[assignment]
+        s = R.Settings(concurrency=(1,), seconds=0.05, min_iters=12, warmup_s=0.01)
+        (row,) = R.bench_concurrency(target, TINY_BERT, s, 1e12, ["a text", "another"])
+    finally:
+        R._window = real_window  # type: ignore[assignment]
+    assert row["warmup_captures"] == 12 - 2 and row["captures_in_window"] == 0  # 2 requests before the warm-up
+    assert windows[:2] == [0.01, 0.01] and windows[-1] == 0.05  # a second warm-up window saw no capture
+    assert 3 <= len(windows) <= R.WARMUP_WINDOWS + 1

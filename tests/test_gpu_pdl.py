@@ -35,7 +35,12 @@ def test_hopper_launches_with_pdl() -> None:
     w = torch.empty((64, 1024), dtype=torch.bfloat16, device="cuda")
     assert pdl.launch_options(x, "splitk", 400, w)["PREFETCH"]  # the weight slab asked of L2 before the wait
     assert "PREFETCH" not in pdl.launch_options(x, "norm", 16, w)  # a norm streams no weights
-    assert "PREFETCH" not in pdl.launch_options(x, "small_gemm", 64, w.view(-1)[4:4 + 63 * 1024].view(63, 1024))  # unaligned
+    unaligned = w.view(-1)[4:4 + 63 * 1024].view(63, 1024)  # 8 bytes off a 16-byte boundary
+    assert "PREFETCH" not in pdl.launch_options(x, "small_gemm", 64, unaligned)
+    odd_rows = torch.empty((64, 1004), dtype=torch.bfloat16, device="cuda")  # 2,008-byte rows
+    assert "PREFETCH" not in pdl.launch_options(x, "small_gemm", 64, odd_rows)
+    big = torch.empty((pdl.PREFETCH_MAX_BYTES // 2048 + 1, 1024), dtype=torch.bfloat16, device="cuda")
+    assert "PREFETCH" not in pdl.launch_options(x, "small_gemm", 64, big)  # above the measured size limit
 
 
 @contextmanager
@@ -71,7 +76,7 @@ def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantiz
         plain = Engine(spec, "cuda", **opts)
     with_pdl = Engine(spec, "cuda", **opts)
     rng = np.random.default_rng(0)
-    for lengths in ([1], [7], [128], [300], [512], [100, 28], [5] * 5, [512] * 8):
+    for lengths in ([1], [7], [128], [200], [130, 60], [300], [512], [100, 28], [5] * 5, [512] * 8):
         batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
         for i in range(8):  # eager, capture, then replays (a race would differ from one to the next)
             with _plain_launches(monkeypatch):

@@ -30,7 +30,7 @@ def test_parts_add_up_to_the_product(N: int, K: int) -> None:
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(N, K, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-    for T in (1, 5, 64, 100, 128, 300, 512):
+    for T in (1, 5, 64, 100, 128, 129, 200, 256, 300, 512):  # 129–256: the wide plan
         x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
         want = x.double() @ w.double().t()
         plans = _plans(T, N, K)
@@ -101,7 +101,7 @@ def test_engine_with_split_k_equals_cublas_engine_at_batch_1(tmp_path: Path, sha
     real = splitk.splitk_linear
     monkeypatch.setattr(splitk, "splitk_linear", lambda *a, **k: ran.append(real(*a, **k)) or ran[-1])
     rng = np.random.default_rng(0)
-    for lengths in ([1], [7], [128], [300], [512], [100, 28], [5] * 5):
+    for lengths in ([1], [7], [128], [200], [256], [130, 60], [300], [512], [100, 28], [5] * 5):
         batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])
         for _ in range(3):  # eager, capture, replay
             want = plain.step(batch).wait()

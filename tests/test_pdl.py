@@ -38,7 +38,11 @@ def test_every_launch_site_names_a_known_kernel() -> None:
     root = Path(pdl.__file__).parent
     names: set[str] = set()
     for f in ("ops.py", "attention.py", "splitk.py", "fused_gemms.py"):
-        names |= set(re.findall(r'launch_options\([^,]+, "(\w+)"', (root / f).read_text()))
+        text = (root / f).read_text()
+        names |= set(re.findall(r'launch_options\([^,]+, "(\w+)"', text))
+        for a, b in re.findall(r'launch_options\([^,]+, "(\w+)" if [^"]+ else "(\w+)"', text):  # name by a condition
+            names |= {a, b}
+    assert {"small_gemm", "small_gated", "splitk"} <= names  # the conditional site is read too
     assert names and names <= pdl.KERNELS, names - pdl.KERNELS
 
 

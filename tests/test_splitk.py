@@ -43,7 +43,9 @@ def test_no_plan_where_cublas_has_tiles_or_the_sizes_do_not_tile() -> None:
     assert plan_for(128, 1000, 2048, 132) is None  # N not a multiple of the tile width
     assert plan_for(128, 1024, 200, 132) is None  # K too short to split
     assert plan_for(256, 1000, 2048, 132) is None  # the wide plan's tile width does not divide N
-    assert plan_for(200, 384, 384, 132) is None  # four K ranges of 96 columns: too short
+    assert plan_for(200, 384, 384, 132) is None  # K = 384 does not tile into four ranges of 64-column steps
+    assert plan_for(200, 1024, 256, 132) is None  # four K ranges of 64 columns: one K step each, too short
+    assert plan_for(256, 4096, 4096, 132) is None  # 4 × 32 × 4 = 512 programs: more than three waves
     assert not SplitPlan(64, 64, 128, 1).fits(128, 1024, 2048)  # one part is no split
 
 

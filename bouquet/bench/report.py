@@ -33,7 +33,7 @@ def _cell(row: dict[str, Any]) -> str:
         bad = sum(v for k, v in row.get("statuses", {}).items() if k != "200") + len(row.get("errors") or [])
         return f"{row['req_s']:,.0f} req/s, {row['p50']:.2f} / {row['p99']:.2f}{f' ({bad} failed)' if bad else ''}{clock}"
     caps = row.get("captures_in_window")
-    caught = f", {caps} graph capture{'s' if caps != 1 else ''} in the window" if caps else ""
+    caught = f", {caps} graph capture{'s' if caps != 1 else ''} in the window" if caps and caps > 0 else ""
     return f"{row['p50']:.2f} / {row['p99']:.2f} ({100 * row['roofline_frac']:.0f}%){clock}{caught}"
 
 

@@ -241,16 +241,26 @@ class HttpTarget(Target):
         return self._post(texts)
 
     def graph_captures(self) -> int | None:
-        """The sum over replicas of the gateway's ``bouquet_replica_graph_captures`` counter
-        (/metrics, parsed by prometheus_client); None when the server exports no such counter."""
+        """The sum over replicas (of ``self.model`` when a replica serves it under that name) of the
+        gateway's ``bouquet_replica_graph_captures`` counter, read from /metrics (parsed by
+        prometheus_client) after waiting out the gateway's replica poll (``REPLICA_POLL_S``), so
+        the figure is no older than the call; None when the server exports no such counter or
+        /metrics cannot be read (other OpenAI-compatible servers)."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        status, raw = self._request("GET", self._path.removesuffix("/v1/embeddings") + "/metrics", timeout=10)
-        if status != 200:
+        from bouquet.config import REPLICA_POLL_S
+
+        time.sleep(REPLICA_POLL_S * 1.25)
+        try:
+            status, raw = self._request("GET", self._path.removesuffix("/v1/embeddings") + "/metrics", timeout=10)
+            if status != 200:
+                return None
+            samples = [s for f in text_string_to_metric_families(raw.decode())
+                       if f.name == "bouquet_replica_graph_captures" for s in f.samples if s.name.endswith("_total")]
+        except Exception:  # noqa: BLE001 - no bouquet /metrics here: the figure is simply not known
             return None
-        found = [s.value for f in text_string_to_metric_families(raw.decode()) if f.name == "bouquet_replica_graph_captures"
-                 for s in f.samples if s.name.endswith("_total")]
-        return int(sum(found)) if found else None
+        mine = [s for s in samples if self.model and s.labels.get("model") == self.model]
+        return int(sum(s.value for s in (mine or samples))) if samples else None
 
     def wait_ready(self, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:
         """Poll /health until 200; ``alive`` raises when the server process has died."""

@@ -155,7 +155,8 @@ class Engine:
         self.model = model
         # small model-dtype steps on CUDA: the hidden-size projections as split-K GEMMs (splitk.py).
         # Default (None): on Hopper, where it was measured (H200, 16–128 tokens: batch-1 replays 7–9%
-        # faster for Qwen3-0.6B and bge-base, bench/results/h200-2026-12-01e); its tiles are untested
+        # faster for Qwen3-0.6B and bge-base, bench/results/h200-2026-12-01e; 256 tokens 5–8%,
+        # h200-2026-12-02); its tiles are untested
         # on other GPUs, whose shared memory and SM counts differ
         if split_k is None:
             split_k = _measured_gpu(self.device)
@@ -410,10 +411,13 @@ class Engine:
         if self.small_gemms or self.split_k:
             # their tiles differ by step length: compile each set now, not in the first such request
             # (eager forwards: no bucket sighting, so the graph histogram stays the requests')
+            # Steps pack several sequences, so a model of short sequences meets these lengths too:
+            # each warm-up step is as many sequences of at most max_seq_length tokens as it takes
+            longest = self.spec.max_seq_length
             with torch.cuda.device(self.device):  # as step(): Triton launches on this replica's GPU
-                for n in sorted({min(t, self.spec.max_seq_length) for t in WARM_TOKENS}):
-                    if n > len(ids):
-                        self.forward(Batch.pack([np.resize(ids, n)]))
+                for t in WARM_TOKENS:
+                    full, rest = divmod(t, longest)
+                    self.forward(Batch.pack([np.resize(ids, longest)] * full + ([np.resize(ids, rest)] if rest else [])))
             torch.cuda.synchronize(self.device)
         if self.fused_gemms:  # every layer's MLP has the same shapes: one compile serves them all
             mlp = next((m for m in self.model.modules() if hasattr(m, "fused_gemms")), None)

@@ -11,7 +11,8 @@ PTX ISA, ``griddepcontrol``). Stream capture keeps the relation as a programmati
 CUDA-graph replays get it too.
 
 The contract every kernel launched with ``launch_options`` keeps (``kernels._pdl_enter``): wait
-first, before any load or store of data another kernel writes or reads, then signal. Waiting
+first, before any load or store of data another kernel writes or reads, then signal. (The one
+access before the wait: ``PREFETCHES`` kernels ask L2 for their weights, which no kernel writes.) Waiting
 first keeps ordering transitive — the previous grid completes only after the one before it, so a
 wait covers every earlier kernel. Kernels launched without the attribute (cuBLAS, PyTorch's) keep
 full stream order; a wait without PDL is a no-op.

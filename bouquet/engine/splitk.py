@@ -73,8 +73,11 @@ def plan_for(T: int, N: int, K: int, sms: int) -> SplitPlan | None:
         # 129–256 tokens: 64 × 128 tiles, 4 stages, K in 4 ranges: the fastest with the add + norm
         # reader in the 12-02 sweep (call 3: o and down of Qwen3-0.6B and bge-base at 256 tokens 16–22%
         # faster than cuBLAS + reader; whole batch-1 replays at 256 tokens 5–8% faster, call 4)
+        # (at most 3 waves, as below: wider models than those measured get cuBLAS rather than a plan
+        # whose parts outgrow the GEMM)
         plan = SplitPlan(64, 128, 64, 4, warps=4, stages=4)
-        return plan if plan.fits(T, N, K) and K // plan.parts >= 2 * plan.bk else None
+        waves_ok = -(-T // plan.bm) * (N // plan.bn) * plan.parts <= 3 * sms
+        return plan if plan.fits(T, N, K) and K // plan.parts >= 2 * plan.bk and waves_ok else None
     # the fastest tiles of the 12-01e sweep (Qwen3-0.6B, bge-base, all-MiniLM-L6-v2 o / down, 16–128
     # tokens): 64 × 32 output tiles and K ranges of 192–512 columns; fewer parts also mean less
     # for the reader to add up

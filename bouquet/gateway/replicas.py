@@ -23,7 +23,7 @@ from typing import Any, Coroutine, TypeVar
 import grpc
 import numpy as np
 
-from bouquet.config import CHUNK_TOKENS, INTERACTIVE_MAX_TOKENS
+from bouquet.config import CHUNK_TOKENS, INTERACTIVE_MAX_TOKENS, REPLICA_POLL_S
 from bouquet.gateway.channels import GrpcChannel, IpcChannel, Packed, ReplicaQueueFull, ReplicaUnavailable
 from bouquet.gateway.coalesce import Coalescer
 from bouquet.gateway.errors import APIError
@@ -151,7 +151,7 @@ class ReplicaPool:
 
     async def _health_loop(self) -> None:
         while True:
-            await asyncio.sleep(0.25 if not all(r.healthy for r in self.replicas) else 1.0)
+            await asyncio.sleep(0.25 if not all(r.healthy for r in self.replicas) else REPLICA_POLL_S)
             try:
                 await self.check_health()
             except Exception:  # noqa: BLE001 - health probing must never stop
