@@ -43,6 +43,20 @@ def graph_us(fn, n: int = 28, reps: int = 20) -> float:  # type: ignore[no-untyp
     return gpu_ms(g.replay, reps) / n * 1e3
 
 
+def variant_parser(lengths: str, variants: str) -> "argparse.ArgumentParser":
+    """The arguments the batch-1 variant probes share: OUT.json, --models-root, --lengths,
+    --models, --variants (defaults as given)."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--models-root", default="/tmp/bench-models")
+    ap.add_argument("--lengths", default=lengths)
+    ap.add_argument("--models", default="qwen3-0.6b,bge-base")
+    ap.add_argument("--variants", default=variants)
+    return ap
+
+
 def b1_timings(eng, L: int, replay_reps: int = 200, steps: int = 300):  # type: ignore[no-untyped-def]
     """One sequence of L random tokens through a CUDA engine (its bucket captured on the way):
     (output rows [1, D] float32, GPU ms per graph replay, ``step().wait()`` p50 ms, the graph)."""

@@ -16,7 +16,6 @@ the vectors to the first variant's.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from bench.probes.pdl_probe import kernels_per_replay  # noqa: E402
-from bench.probes.probe_kernels import b1_timings  # noqa: E402
+from bench.probes.probe_kernels import b1_timings, variant_parser  # noqa: E402
 from bouquet.engine import pdl  # noqa: E402
 
 
@@ -36,12 +35,7 @@ def main() -> None:
     from bouquet.engine.engine import Engine
     from bouquet.modelspec import load_spec
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_json")
-    ap.add_argument("--models-root", default="/tmp/bench-models")
-    ap.add_argument("--lengths", default="16,64,128")
-    ap.add_argument("--variants", default="cublas,small,small-all")
-    ap.add_argument("--models", default="qwen3-0.6b,bge-base")
+    ap = variant_parser("16,64,128", "cublas,small,small-all")
     a = ap.parse_args()
     lengths = [int(v) for v in a.lengths.split(",")]
     variants = a.variants.split(",")

@@ -16,7 +16,6 @@ Engines are built in turn, one alive at a time, random full-size weights, bf16, 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.probes.probe_kernels import b1_timings  # noqa: E402
+from bench.probes.probe_kernels import b1_timings, variant_parser  # noqa: E402
 from bouquet.engine import pdl, splitk  # noqa: E402
 
 _SETS = {"both": frozenset({"splitk", "small_gemm", "small_gated"}), "none": frozenset(),
@@ -73,12 +72,7 @@ def main() -> None:
     from bouquet.engine.engine import Engine
     from bouquet.modelspec import load_spec
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_json")
-    ap.add_argument("--models-root", default="/tmp/bench-models")
-    ap.add_argument("--lengths", default="16,128")
-    ap.add_argument("--models", default="qwen3-0.6b,bge-base")
-    ap.add_argument("--variants", default="both,none,splitk,small")
+    ap = variant_parser("16,128", "both,none,splitk,small")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeline", action="store_true")
     a = ap.parse_args()

@@ -417,7 +417,8 @@ class Engine:
             with torch.cuda.device(self.device):  # as step(): Triton launches on this replica's GPU
                 for t in WARM_TOKENS:
                     full, rest = divmod(t, longest)
-                    self.forward(Batch.pack([np.resize(ids, longest)] * full + ([np.resize(ids, rest)] if rest else [])))
+                    seqs = [np.resize(ids, longest)] * full + ([np.resize(ids, rest)] if rest else [])
+                    self.forward(Batch.pack(seqs))
             torch.cuda.synchronize(self.device)
         if self.fused_gemms:  # every layer's MLP has the same shapes: one compile serves them all
             mlp = next((m for m in self.model.modules() if hasattr(m, "fused_gemms")), None)

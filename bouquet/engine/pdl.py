@@ -104,7 +104,8 @@ def launch_options(x: torch.Tensor, kernel: str, programs: int, weight: torch.Te
     and ``launch_pdl`` (Triton's launch attribute) where ``supported`` and ``takes_pdl``; else
     none (a plain launch). ``weight`` [N, K]: the kernel's weight, for ``PREFETCH`` (the kernel's
     constexpr: prefetch its slab into L2 before the wait) where ``kernel`` is in ``PREFETCHES``,
-    the weight has at most ``PREFETCH_MAX_BYTES`` and suits the bulk prefetch. Raises ValueError for an unknown kernel name."""
+    the weight has at most ``PREFETCH_MAX_BYTES`` and suits the bulk prefetch. Raises ValueError
+    for an unknown kernel name."""
     if not takes_pdl(kernel, programs) or not x.is_cuda:
         return {}
     if supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
