@@ -169,3 +169,29 @@ def test_kill_9_one_replica_under_200_concurrent_requests(three_replicas, texts,
     after = {r["address"]: r for r in health(three_replicas)["replicas"]}
     assert after[victim["address"]]["healthy"] is False
     assert sum(r["healthy"] for r in after.values()) == 2
+
+
+def test_a_pool_that_has_not_yet_seen_its_replica_ready_asks_again_before_refusing() -> None:
+    """With several gateway workers, one worker's /health can answer 200 while another worker's
+    pool last polled its replica before that replica finished loading: its first request got 503
+    (CI, test_ctrl_c_stops_cleanly[2]). A pool with no healthy replica now probes again before it
+    refuses. The stale view is set by hand on a pool of a real, ready replica."""
+    from bouquet.gateway.replicas import ReplicaPool
+
+    replica = GrpcServer()
+    try:
+        async def run() -> np.ndarray:
+            pool = ReplicaPool([replica.address])
+            await pool.start()
+            try:
+                assert pool.ready
+                pool.replicas[0].healthy = False  # the view of a poll made while the replica loaded
+                pool._probed_at = time.monotonic() - 1.0
+                return await pool.infer([np.array([101, 7592, 102], dtype=np.int32)])
+            finally:
+                await pool.close()
+
+        rows = asyncio.run(run())
+        assert rows.shape[0] == 1 and np.isfinite(rows).all()
+    finally:
+        replica.stop()

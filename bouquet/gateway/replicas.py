@@ -85,6 +85,9 @@ async def gather_or_cancel(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
         raise
 
 
+RECHECK_S = 0.05  # a request finding no healthy replica probes them again if the last check is older
+
+
 @dataclass
 class ReplicaPool:
     addresses: list[str]
@@ -98,6 +101,7 @@ class ReplicaPool:
     ipc_paths: list[str] = field(default_factory=list)
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
+    _probed_at: float = 0.0  # time.monotonic() of the last health check
     _coalescer: Coalescer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -147,6 +151,7 @@ class ReplicaPool:
             r.healthy, r.last_error = False, f"{e.code().name}: {e.details()}"
 
     async def check_health(self) -> None:
+        self._probed_at = time.monotonic()
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
 
     async def _health_loop(self) -> None:
@@ -215,6 +220,12 @@ class ReplicaPool:
         deadline = time.monotonic() + self.request_timeout_s
         while True:
             r = self._pick(tried)
+            if r is None and not tried and time.monotonic() - self._probed_at > RECHECK_S:
+                # none healthy as of the last poll: ask again before refusing. With several gateway
+                # workers, one worker's /health can turn 200 while another's poll (every 0.25 s
+                # until a replica is ready) has not yet seen that replica finish loading.
+                await self.check_health()
+                r = self._pick(tried)
             if r is None:
                 if queue_full:
                     raise APIError(429, f"every replica's queue is full ({queue_full}); retry later",
