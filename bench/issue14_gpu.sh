@@ -21,6 +21,9 @@
 #   tl     bench/probes/timeline_probe.py: one batch-1 replay's kernels charged the time each adds to its end,
 #          per L2-prefetch variant; TL_ARGS.
 #   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
+#   anat   bench/probes/step_anatomy_probe.py: a batch-1 step's wall time against its replay, piece by piece; ANAT_ARGS.
+#   ab     `bouquet bench AB_ARGS` for the tree in .carry/base.tgz (`git archive BASE | gzip`, unpacked to /tmp/base and
+#          run from there) and this tree in turn, AB_ROUNDS (2) rounds: each in a process of its own.
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
 # BENCH_MODELS / BENCH_BENCHMARKS / LAT narrow the bench step (default both models, 1,2,3,mixed; 128,512).
@@ -146,4 +149,25 @@ if has http; then
     --benchmarks ${HTTP_BENCHMARKS:-2,3,mixed,4} --gateway-workers 4 --out "$R/http" > "$R/http.log" 2>&1
   grep -h "^| " "$R/http/results.md" | head -40
   bundle
+fi
+if has anat; then
+  timeout ${ANAT_TIMEOUT:-300} python3 bench/probes/step_anatomy_probe.py "$R/anatomy.json" --models-root $M ${ANAT_ARGS:-} > "$R/anatomy.log" 2>&1
+  grep -v "^Writing\|it/s" "$R/anatomy.log" | tail -c 5000
+  bundle
+fi
+if has ab; then
+  mkdir -p /tmp/base && tar xzf .carry/base.tgz -C /tmp/base
+  for round in $(seq ${AB_ROUNDS:-2}); do
+    for tree in base new; do
+      out="$R/ab-$tree$round"
+      if [ $tree = base ]; then
+        (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/site:/tmp/shim timeout ${AB_TIMEOUT:-300} python3 -m bouquet bench $AB_ARGS \
+          --models-root $M --out "$out" > "$out.log" 2>&1)
+      else
+        timeout ${AB_TIMEOUT:-300} python3 -m bouquet bench $AB_ARGS --models-root $M --out "$out" > "$out.log" 2>&1
+      fi
+      echo "== $tree $round"; grep -h "^| " "$out/results.md" | head -24
+      bundle
+    done
+  done
 fi
