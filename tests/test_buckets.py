@@ -7,7 +7,7 @@ import torch
 
 from bouquet.engine.batch import Batch
 from bouquet.engine.buckets import Bucket, LazyCapture, bucket_for, load_hot, round_max_seqlen, round_seqs, round_tokens
-from bouquet.engine.graphs import input_views, pack_inputs
+from bouquet.engine.graphs import input_views, pack_inputs, pack_into, packed_size
 from bouquet.engine.pooling import pooler
 
 
@@ -124,6 +124,32 @@ def test_packed_layout_pads_with_empty_sequences() -> None:
     assert tt.tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
     assert seg.tolist() == [0, 0, 0, 1, 4, 4, 4, 4]  # padding tokens → discarded row S
     assert cu.tolist() == [0, 3, 4, 4, 4]  # tail repeats the last offset
+
+
+def test_packing_into_a_reused_buffer_overwrites_every_element_of_the_bucket() -> None:
+    # graphs.py reuses one pinned staging buffer: what a larger batch left there must not leak
+    big = Batch.pack([np.arange(1, 40, dtype=np.int32)] * 3, [np.ones(39, np.int32)] * 3, pool_skip=[2, 2, 2])
+    h = np.full(packed_size(256, 8) + 5, -7, dtype=np.int32)
+    pack_into(h, big, 256, 8)
+    for batch in (Batch.pack([np.array([5, 6, 7], np.int32)]),  # one sequence: the fast paths
+                  Batch.pack([np.array([5, 6, 7], np.int32), np.array([8], np.int32)], [np.array([0, 0, 1], np.int32), None]),
+                  Batch.pack([np.array([5, 6, 7], np.int32)], pool_skip=[1])):
+        pack_into(h, batch, 8, 4)
+        ids, pos, tt, seg, cu = input_views(h, 8, 4)
+        t, b = batch.num_tokens, batch.num_seqs
+        assert ids.tolist() == batch.input_ids.tolist() + [0] * (8 - t)
+        assert pos.tolist() == batch.position_ids.tolist() + [0] * (8 - t)
+        types = batch.token_type_ids.tolist() if batch.token_type_ids is not None else [0] * t
+        assert tt.tolist() == types + [0] * (8 - t)
+        owner = np.repeat(np.arange(b), np.diff(batch.cu_seqlens))
+        if batch.pool_skip is not None:
+            owner[batch.position_ids < np.repeat(batch.pool_skip, np.diff(batch.cu_seqlens))] = 4
+        assert seg.tolist() == owner.tolist() + [4] * (8 - t)
+        assert cu.tolist() == batch.cu_seqlens.tolist() + [t] * (4 - b)
+        assert h[packed_size(8, 4):packed_size(256, 8)].min() >= 0  # beyond the bucket: the old batch, untouched
+    assert Batch.pack([np.array([5, 6, 7], np.int32)]).max_seqlen == 3
+    with pytest.raises(ValueError, match="at least one token"):
+        Batch.pack([np.array([], np.int32)])
 
 
 @pytest.mark.parametrize("mode", ["mean", "cls", "last"])

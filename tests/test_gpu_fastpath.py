@@ -196,6 +196,31 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     assert n_segments >= 2 and all(len(g.segments) == n_segments for g in eng.graphs.lazy.graphs.values())
 
 
+def test_steps_in_flight_each_get_their_own_inputs(tmp_path: Path) -> None:
+    # Replays share one pinned staging buffer (graphs.py): steps enqueued back to back, none
+    # waited for, in captured and new buckets alike, must each answer for their own batch.
+    from bouquet.bench.models import SHAPES, make_model_dir
+    from bouquet.engine.batch import Batch
+    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.modelspec import load_spec
+
+    eng = Engine(load_spec(str(make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer()))), "cuda",
+                 graphs=GraphOptions(debug=True))
+    rng = np.random.default_rng(1)
+    batches = [Batch.pack([rng.integers(1000, 30000, size=int(n), dtype=np.int32) for n in lengths])
+               for lengths in ([9], [100], [9], [33, 7], [100], [256] * 4, [9], [50, 50, 3])]
+    for b in batches:  # every bucket seen twice: captured
+        for _ in range(2):
+            eng.step(b).wait()
+    want = [eng.forward(b).cpu().numpy() for b in batches]
+    torch.cuda.synchronize()
+    long = Batch.pack([rng.integers(1000, 30000, size=512, dtype=np.int32)] * 24)  # eager (first sight), GPU busy
+    handles = [eng.step(long)] + [eng.step(b) for b in batches * 3]
+    for i, h in enumerate(handles[1:]):
+        np.testing.assert_allclose(h.wait(), want[i % len(batches)], atol=1e-2, rtol=1e-2)
+    assert eng.graph_replays >= 3 * len(batches)
+
+
 def test_startup_capture_from_saved_histogram(tmp_path: Path) -> None:
     from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine.batch import Batch

@@ -140,7 +140,7 @@ def run(root: Path, models: list[str], lengths: list[int], census: bool) -> dict
             r = {
                 "bucket_lookup_us": host_us(lambda: bucket_for(1, L, L, o.max_tokens, o.max_seqs, eng.uniform_buckets)),
                 "pack_inputs_us": host_us(lambda: pack_inputs(batch, bk.tokens, bk.seqs)),
-                "h2d_enqueue_us": host_us(lambda: eng.graphs.load(host)),
+                "h2d_enqueue_us": host_us(lambda: eng.graphs._copy_in(bk)),  # staging → device (12-02b on)
                 "replay_call_idle_us": host_us(g.replay),
                 "replay_call_busy_us": host_us(g.replay, idle=False),
                 "d2h_buffer_copy_event_us": host_us(d2h),

@@ -14,9 +14,11 @@ spin-wait, as the bench's engine system) and each length, the bucket captured, t
   event to the output's copy landing; ``host_ms`` = wall − that span (host work before the GPU
   starts and after it ends);
 * ``phases_us``: the same step re-enacted piece by piece with host timestamps (medians): pack,
-  bucket lookup, ``pack_inputs``, H2D enqueue, each graph segment's launch, the output buffer,
-  D2H enqueue, event, wait, finalize; and GPU µs from the first event to the H2D copy's end, to
-  the replay's end, to the D2H copy's end;
+  bucket lookup, ``pack_inputs`` + H2D enqueue (before 12-02b) or ``stage`` (the staging buffer,
+  whose copy is the graph's first node), each graph segment's launch, the output buffer, D2H
+  enqueue, event, wait, finalize; and GPU µs from the first event to the H2D enqueue's end (to the
+  staging's end from 12-02b on: nothing then runs on the GPU), to the replay's end, to the D2H
+  copy's end;
 * ``micro_us``: host µs of pieces the step pays each time (pinned ``torch.empty``, ``Event()``,
   ``torch.cuda.device`` context, ``inference_mode`` context).
 
@@ -110,9 +112,13 @@ def phases(eng, seq: np.ndarray, steps: int) -> dict:  # type: ignore[no-untyped
             batch = Batch.pack([seq]); t.append(time.perf_counter_ns()); nm.append("pack")
             bk = bucket_for(batch.num_seqs, batch.num_tokens, batch.max_seqlen, o.max_tokens, o.max_seqs,
                             eng.uniform_buckets); t.append(time.perf_counter_ns()); nm.append("bucket")
-            host_in = pack_inputs(batch, bk.tokens, bk.seqs); t.append(time.perf_counter_ns()); nm.append("pack_inputs")
-            gm.load(host_in); t.append(time.perf_counter_ns()); nm.append("h2d_enqueue")
-            ev[1].record()
+            if hasattr(gm, "stage"):  # 12-02b on: packed into the pinned staging buffer, copied in by the graph
+                gm.stage(batch, bk); t.append(time.perf_counter_ns()); nm.append("stage")
+                ev[1].record()
+            else:  # before: a pinned buffer per step, then a copy call
+                host_in = pack_inputs(batch, bk.tokens, bk.seqs); t.append(time.perf_counter_ns()); nm.append("pack_inputs")
+                gm.load(host_in); t.append(time.perf_counter_ns()); nm.append("h2d_enqueue")
+                ev[1].record()
             g = gm.lazy.lookup(bk)
             assert g is not None
             for k, s in enumerate(g.segments):

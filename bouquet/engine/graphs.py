@@ -14,7 +14,8 @@ The segments share the pool and are captured in the order they replay, which is 
 memory shared between them safe (tensors crossing a cut, like the residual stream, stay allocated).
 Measured in one process, engines alive at once and stepped in turn (bench/results/h200-2026-12-01g,
 call 8; the host there ~2.5× slower per step than with one engine, which enlarges the effect): the
-graphs hold kernel nodes only (101 for bge-base, 270 for Qwen3-0.6B), their launch takes ~30 /
+graphs then held kernel nodes only (101 for bge-base, 270 for Qwen3-0.6B; now also the inputs'
+memcpy node), their launch takes ~30 /
 70–170 µs of host time, and segments take batch-1 steps from 1.533 to 1.435 ms (Qwen3-0.6B, 128
 tokens) and 0.535 to 0.521 (bge-base) while each replay's GPU time grows by 0.004–0.011 ms. (12-01b
 had reverted them on bench figures from separate processes, whose batch-1 p50s differ by up to
@@ -30,15 +31,22 @@ copy from pinned memory. For a bucket of ``T`` tokens and ``S`` slots::
                                   ``Batch.pool_skip[b]`` tokens of sequence b: S (a discarded row)
     [4T, 4T+S+1)  cu_seqlens      the tail repeats the last offset: padding slots are empty
 
-The graph for a bucket reads views of the first ``4T+S+1`` elements of the static buffer, so a
-replay is: copy the packed host array into the buffer's first rows, replay, slice the first B
-output rows. Padding is filled on the host while packing (``pack_inputs``), which costs less
-than extra device kernels.
+The graph for a bucket reads views of the first ``4T+S+1`` elements of the static buffer. A step
+packs its batch into the first elements of a pinned host twin of that buffer (``staging``), and
+each graph's first node copies them in (a memcpy node captured with the graph), so a replay is:
+pack on the host, replay, slice the first B output rows. Why the copy is in the graph: at batch 1
+the host's time before the GPU starts is on the latency's path, and a separate copy call took
+~14 µs of it on the H200 host, a pinned buffer per step ~2 (bench/results/h200-2026-12-02b). The
+staging buffer is reused, so a step first waits for the previous replay's copy to have read it
+(an event after the first segment: at batch 1 long done; a pipelined step waits at most for the
+step before it to start). Padding is filled on the host while packing (``pack_into``), which costs
+less than extra device kernels.
 
 What it does NOT own: the model and its weights, pooling semantics (``pooling.pooler``),
 the device→host result copy and its event (``engine.Engine.step``), batching policy, and
-concurrency: graphs share one pool, so replays must come from one thread in stream order and the
-caller must copy a replay's output out (enqueued on the same stream) before the next replay.
+concurrency: graphs share one pool and one staging buffer, so steps must come from one thread in
+stream order and the caller must copy a replay's output out (enqueued on the same stream) before
+the next replay.
 """
 from __future__ import annotations
 
@@ -68,25 +76,34 @@ def pack_inputs(batch: Batch, tokens: int, seqs: int, pin: bool = True) -> torch
     """Batch → int32 [4·tokens + seqs + 1] in the layout above (tokens ≥ batch tokens, seqs ≥
     batch sequences; equal for an eager batch). Pinned (when ``pin`` and CUDA is present) so the
     H2D copy is truly async; the CPU engine, which copies nothing, passes ``pin=False``."""
-    t, b = batch.num_tokens, batch.num_seqs
     host = torch.empty(packed_size(tokens, seqs), dtype=torch.int32, pin_memory=pin and torch.cuda.is_available())
-    h = host.numpy()
-    T = tokens
-    h[:4 * T] = 0
+    pack_into(host.numpy(), batch, tokens, seqs)
+    return host
+
+
+def pack_into(h: np.ndarray, batch: Batch, tokens: int, seqs: int) -> None:
+    """Write ``batch`` into ``h`` (int32, at least ``packed_size(tokens, seqs)`` elements) in the
+    layout above. A single sequence, the batch-1 case whose host time is on the latency's path,
+    skips the per-token segment ids' arithmetic (its segment is 0)."""
+    t, b, T = batch.num_tokens, batch.num_seqs, tokens
     h[0:t] = batch.input_ids
+    h[t:T] = 0
     h[T:T + t] = batch.position_ids
+    h[T + t:3 * T] = 0  # the positions' padding and the token types (overwritten below where given)
     if batch.token_type_ids is not None:
         h[2 * T:2 * T + t] = batch.token_type_ids
     seg = h[3 * T:3 * T + t]
-    seg[:] = np.repeat(np.arange(b, dtype=np.int32), np.diff(batch.cu_seqlens))
+    if b == 1:
+        seg[:] = 0
+    else:
+        seg[:] = np.repeat(np.arange(b, dtype=np.int32), np.diff(batch.cu_seqlens))
     if batch.pool_skip is not None:
         # Prompt tokens that pooling leaves out join the padding's discarded segment: pooling
         # then needs no extra input, and a graph's buffers keep their layout.
         seg[skipped_tokens(batch)] = seqs
     h[3 * T + t:4 * T] = seqs
     h[4 * T:4 * T + b + 1] = batch.cu_seqlens
-    h[4 * T + b + 1:] = t
-    return host
+    h[4 * T + b + 1:packed_size(tokens, seqs)] = t
 
 
 def skipped_tokens(batch: Batch) -> np.ndarray:
@@ -142,20 +159,37 @@ class GraphManager:
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.buf = torch.zeros(packed_size(max_tokens, max_seqs), dtype=torch.int32, device=device)
         self._buf_ptr = self.buf.data_ptr()
+        self.staging = torch.zeros(self.buf.shape, dtype=torch.int32, pin_memory=True)  # the host twin
+        self._staging_np = self.staging.numpy()
+        self._staged = torch.cuda.Event()  # recorded behind the last enqueued copy out of staging
         self.pool = torch.cuda.graph_pool_handle()
         self.lazy: LazyCapture[_Graph] = LazyCapture(self._capture)
         self.replayed = 0  # replays so far (the replica's graph_replays counter)
 
+    @torch.inference_mode()
     def _run_forward(self, bucket: Bucket) -> torch.Tensor:
         ids, pos, tt, seg, cu = input_views(self.buf, bucket.tokens, bucket.seqs)
         return self.forward(ids, pos, tt if self.use_types else None, seg, cu, bucket.max_seqlen, bucket.uniform)
 
+    def _copy_in(self, bucket: Bucket) -> None:
+        # pinned → device, asynchronous; inside a capture it becomes the graph's memcpy node
+        n = packed_size(bucket.tokens, bucket.seqs)
+        self.buf[:n].copy_(self.staging[:n], non_blocking=True)
+
+    def stage(self, batch: Batch, bucket: Bucket) -> None:
+        """Pack ``batch`` into the staging buffer for ``bucket``, once the copy of the step before
+        has read it (``_staged``; returns at once when it has)."""
+        self._staged.synchronize()
+        pack_into(self._staging_np, batch, bucket.tokens, bucket.seqs)
+
+    @torch.inference_mode()
     def _capture(self, bucket: Bucket) -> _Graph:
         # One run on a side stream first: lazy library state (cuBLAS workspaces, autotuning)
         # must not be initialised inside the capture.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
+            self._copy_in(bucket)
             self._run_forward(bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
@@ -178,6 +212,7 @@ class GraphManager:
             with torch.cuda.stream(self.stream):
                 begin(current)
                 try:
+                    self._copy_in(bucket)
                     out = self._run_forward(bucket)
                 finally:
                     current.capture_end()
@@ -191,21 +226,23 @@ class GraphManager:
         log.debug("captured graph for bucket %s in %d segments", bucket, len(segments))
         return _Graph(segments, out, out.data_ptr())
 
-    def load(self, host: torch.Tensor) -> None:
-        """Copy a packed (pinned) host array into the buffer's first rows, asynchronously."""
-        self.buf[:host.shape[0]].copy_(host, non_blocking=True)
-
-    def run(self, bucket: Bucket, host: torch.Tensor) -> torch.Tensor:
-        """Inputs packed for ``bucket`` → [bucket.seqs, out_dim] float32 on the device. Eager on a
-        bucket's first sight, captured on the second, replayed afterwards. The returned tensor
-        is overwritten by the next call: copy it out first (stream order suffices)."""
+    def run(self, bucket: Bucket, batch: Batch) -> torch.Tensor:
+        """``batch`` in ``bucket`` (its tokens ≤ bucket.tokens, sequences ≤ bucket.seqs) →
+        [bucket.seqs, out_dim] float32 on the device. Eager on a bucket's first sight, captured
+        on the second, replayed afterwards. The returned tensor is overwritten by the next call:
+        copy it out first (stream order suffices)."""
         if self.debug:
-            assert host.shape[0] == packed_size(bucket.tokens, bucket.seqs), (host.shape, bucket)
-        self.load(host)
+            assert batch.num_tokens <= bucket.tokens and batch.num_seqs <= bucket.seqs, (batch.num_tokens, bucket)
+        self.stage(batch, bucket)
         g = self.lazy.lookup(bucket)
         if g is None:
+            self._copy_in(bucket)
+            self._staged.record()
             return self._run_forward(bucket)
-        g.replay()
+        g.segments[0].replay()  # its first node copies the staged inputs in
+        self._staged.record()
+        for seg in g.segments[1:]:
+            seg.replay()
         self.replayed += 1
         if self.debug:
             assert self.buf.data_ptr() == self._buf_ptr, "static input buffer moved"
@@ -220,8 +257,8 @@ class GraphManager:
                             b, self.max_tokens, self.max_seqs)
                 continue
             seqs = [np.full(n, vocab_ok_id, dtype=np.int32) for n in b.example_lengths()]
-            self.load(pack_inputs(Batch.pack(seqs), b.tokens, b.seqs))
-            self.lazy.ensure(b)
+            self.stage(Batch.pack(seqs), b)
+            self.lazy.ensure(b)  # its side-stream run reads staging; the capture only records
         torch.cuda.synchronize(self.device)
 
     def stats(self) -> dict[str, object]:

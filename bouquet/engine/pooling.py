@@ -177,6 +177,7 @@ def finalize(vectors: np.ndarray, normalize: bool, dimensions: int | None) -> np
             raise ValueError(f"dimensions must be in [1, {vectors.shape[1]}], got {dimensions}")
         vectors = vectors[:, :dimensions]
     if normalize:
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        vectors = vectors / np.maximum(norms, 1e-12)
+        # einsum: each row's sum of squares without the [N, D] temporary (on the batch-1 path)
+        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+        vectors = vectors / np.maximum(norms, 1e-12)[:, None]
     return np.ascontiguousarray(vectors, dtype=np.float32)
