@@ -23,7 +23,7 @@
 #   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
 #   anat   bench/probes/step_anatomy_probe.py: a batch-1 step's wall time against its replay, piece by piece; ANAT_ARGS.
 #   ab     `bouquet bench AB_ARGS` for the tree in .carry/base.tgz (`git archive BASE | gzip`, unpacked to /tmp/base and
-#          run from there) and this tree in turn, AB_ROUNDS (2) rounds: each in a process of its own.
+#          run from there) and this tree in turn, AB_ROUNDS (2) rounds: each in a process of its own (AB_TAG names the runs).
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
 #          http beside http-cublas (serve --no-triton-gemms), benchmarks HTTP_BENCHMARKS (2,3,mixed,4).
 # BENCH_MODELS / BENCH_BENCHMARKS / LAT narrow the bench step (default both models, 1,2,3,mixed; 128,512).
@@ -159,7 +159,7 @@ if has ab; then
   mkdir -p /tmp/base && tar xzf .carry/base.tgz -C /tmp/base
   for round in $(seq ${AB_ROUNDS:-2}); do
     for tree in base new; do
-      out="$R/ab-$tree$round"
+      out="$R/ab${AB_TAG:-}-$tree$round"
       if [ $tree = base ]; then
         (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/site:/tmp/shim timeout ${AB_TIMEOUT:-300} python3 -m bouquet bench $AB_ARGS \
           --models-root $M --out "$out" > "$out.log" 2>&1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
@@ -123,6 +124,8 @@ def uniform_bucket(num_seqs: int, num_tokens: int, max_seqlen: int) -> Bucket | 
     return Bucket(num_seqs, num_tokens, max_seqlen, uniform=True)
 
 
+# A pure function of ints on every step's path: ~4 µs of host time uncached on the H200 host
+@lru_cache(maxsize=4096)
 def bucket_for(num_seqs: int, num_tokens: int, max_seqlen: int, graph_max_tokens: int, max_seqs: int,
                uniform: bool = False) -> Bucket | None:
     """The bucket a batch runs in, or None when it runs eagerly (more tokens than
