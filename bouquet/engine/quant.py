@@ -18,7 +18,8 @@ The scheme (the "dynamic per-token activations, per-channel weights" FP8 recipe 
   consumer multiplies by s_x · s_w and adds the bias as it loads each element. Elsewhere one
   ``_scaled_mm`` call applies row-wise scales and bias in its epilogue (CUTLASS on Hopper), slower
   (bench/results/h200-2026-11-30e/call1-gemm.json) and, below ~1,024 tokens, slower than bf16.
-  On the CPU both forms are PyTorch's reference kernels, and the consumers ``materialize``.
+  On the CPU both forms are fp32 products of the e4m3 values (``scaled_mm``), and the consumers
+  ``materialize``.
 
 What stays in the model dtype, and why: embeddings, norms, rotary, attention (its inputs come
 straight from the qkv GEMM; fp8 attention would need its own kernel and scales), pooling and
@@ -128,12 +129,24 @@ class Projection:
         assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
         out_dtype = self.weight.dtype
         if self._one is not None:  # unit scales: the consumer applies x.scale · fp8.scale and the bias
-            raw = torch._scaled_mm(x.values, self.fp8.weight.t(), scale_a=self._one, scale_b=self._one,
-                                   out_dtype=out_dtype)
+            raw = scaled_mm(x.values, self.fp8.weight.t(), self._one, self._one, None, out_dtype)
             return ScaledRows(raw, x.scale, self.fp8.scale, self.bias, out_dtype)
         # _scaled_mm's row-wise mode wants bf16 output on CUDA; fp32 models (CPU) get fp32
-        return torch._scaled_mm(x.values, self.fp8.weight.t(), scale_a=x.scale, scale_b=self.fp8.scale,
-                                bias=self.bias, out_dtype=out_dtype)
+        return scaled_mm(x.values, self.fp8.weight.t(), x.scale, self.fp8.scale, self.bias, out_dtype)
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              bias: "torch.Tensor | None", out_dtype: torch.dtype) -> torch.Tensor:
+    """(a · b) · scale_a · scale_b + bias → [M, N] ``out_dtype``: a [M, K] and b [K, N] (column-major)
+    float8_e4m3fn, scales [] (one per tensor) or [M, 1] / [1, N] float32 (``torch._scaled_mm``'s
+    contract). On CUDA that call; on the CPU the e4m3 values, exact in fp32, multiplied as fp32 by
+    BLAS: PyTorch's CPU ``_scaled_mm`` took ~1.5 s for one [151, 384] × [384, 1,536] product on the
+    2-core CI machine (torch 2.13), ~10⁴× the fp32 matmul, so the CPU fp8 tests ran past their limit.
+    Both accumulate in fp32; only the summation order differs."""
+    if a.device.type == "cuda":
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+    y = (a.float() @ b.float()) * scale_a * scale_b
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def projections(model: nn.Module, defaults_only: bool = False) -> Iterable[Projection]:
@@ -158,7 +171,7 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
     Raises ValueError when the model has none (an architecture without an fp8 path), when a
     matmul's sizes are not multiples of 16 (``_scaled_mm``'s rule), or on a CUDA device without
     fp8 tensor cores (compute capability below 8.9: Ada, Hopper and later have them). On the CPU
-    the same numbers come from PyTorch's reference kernels, without any speed-up."""
+    the same numbers come from fp32 products of the e4m3 values (``scaled_mm``), without any speed-up."""
     projs = list(projections(model))
     if not projs:
         raise ValueError(f"--quantization fp8 is not supported for {type(model).__name__}: "
