@@ -328,9 +328,7 @@ class Engine:
                 return PendingResult(out.numpy())
             rows = torch.empty(out.shape, dtype=torch.float32, pin_memory=True)
             rows.copy_(out, non_blocking=True)
-            ev = torch.cuda.Event(blocking=not self.spin_wait)
-            ev.record()
-            return PendingResult(rows.numpy(), ev, keepalive=(rows, host, out))
+            return PendingResult(rows.numpy(), self._record_event(), keepalive=(rows, host, out))
 
     def replays(self, batch: Batch) -> bool:
         """True when ``step(batch)`` replays an already captured CUDA graph: a small, bounded host
@@ -383,13 +381,16 @@ class Engine:
         b = batch.num_seqs
         host = torch.empty((b, out.shape[1]), dtype=torch.float32, pin_memory=True)
         host.copy_(out[:b], non_blocking=True)
+        return PendingResult(host.numpy(), self._record_event(), keepalive=(host, out))
+
+    def _record_event(self) -> "torch.cuda.Event":
         # One of a ring of events (creating one costs ~10 µs of host time): re-recording an event
         # that an older, unread handle still holds only makes that handle wait for later work,
         # whose results come after its own in stream order; RESULT_EVENTS exceeds any steps in flight.
         ev = self._events[self._next_event]
         self._next_event = (self._next_event + 1) % RESULT_EVENTS
         ev.record()
-        return PendingResult(host.numpy(), ev, keepalive=(host, out))
+        return ev
 
     def start_graphs(self) -> None:
         """Capture the configured buckets and the hot ones of the saved histogram (start-up)."""
