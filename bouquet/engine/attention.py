@@ -32,7 +32,7 @@ vs bge-base's (same shape; bge takes cuDNN on equal lengths) 0.82 vs 0.83 ms at 
 where long sequences make attention a large share.
 
 - ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and the CUDA-graph
-  buckets that are not uniform) run ``triton_varlen``, the Triton kernel ``attn_kernels.varlen_attn_kernel``, for
+  buckets that are not uniform) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
   head dims 32, 64 and 128; other head dims, sliding windows and ``varlen-flash`` run
   ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–2.1×
   FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
@@ -64,17 +64,11 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.ops import quantize_rows
 from bouquet.engine.pdl import launch_options
-
-if TYPE_CHECKING:
-    from bouquet.engine.fp8_rows import PartialRows, ScaledRows
-    from bouquet.engine.quant import Projection
 
 log = logging.getLogger(__name__)
 
@@ -118,17 +112,8 @@ class AttentionBackend:
         score bias by in-sequence positions (see the module docstring), not with ``window``."""
         raise NotImplementedError
 
-    def attend_o(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, o: "Projection",
-                 window: int | None = None, bias: torch.Tensor | None = None) -> "torch.Tensor | PartialRows | ScaledRows":
-        """``o`` applied to ``attend``'s output [T, H·D] (its fp8 rows when ``o`` runs in fp8 for T
-        tokens): whatever the projection returns, [T, N] in the model dtype or rows its readers
-        take (``quant.Projection``). Backends that can fuse the two override this."""
-        T = q.shape[0]
-        a = self.attend(q, k, v, meta, window, bias).reshape(T, q.shape[1] * q.shape[2])
-        return o(quantize_rows(a) if o.use_fp8(T) else a)  # attention kernels write bf16: one cast pass
 
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of attn_kernels.varlen_attn_kernel per head dim: the tiles
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel per head dim: the tiles
 # with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
 # the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
 TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
@@ -154,7 +139,7 @@ TRITON_UNIFORM_HEAD_DIMS = (32,)
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   causal: bool, config: tuple[int, int, int, int] | None = None, pack_heads: bool = True) -> torch.Tensor:
-    """Attention over packed sequences with the Triton kernel (``attn_kernels.varlen_attn_kernel``):
+    """Attention over packed sequences with the Triton kernel (``kernels.varlen_attn_kernel``):
     q [T, H, D], k/v [T, Hkv, D] (H a multiple of Hkv; row strides free, head dim contiguous),
     cu_seqlens [B+1] int32, ``max_seqlen`` ≥ every length (a host int: it sizes the grid, so a
     loose bound under CUDA graphs only launches programs that exit at once) → [T, H, D] in q's
@@ -164,7 +149,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     with grouped-query attention, the query heads of one kv head share a program (BLOCK_M rows =
     BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them. Raises
     KeyError for a head dim without a config."""
-    from bouquet.engine import attn_kernels
+    from bouquet.engine import kernels
 
     T, H, D = q.shape
     single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and _hopper(q.device)  # static per bucket
@@ -173,7 +158,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
     o = q.new_empty((T, H, D))
     grid = (-(-max_seqlen // (bm // pack)), cu_seqlens.shape[0] - 1, H // pack)
-    attn_kernels.varlen_attn_kernel[grid](
+    kernels.varlen_attn_kernel[grid](
         q, k, v, o, cu_seqlens, D ** -0.5 * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
@@ -237,21 +222,6 @@ class VarlenBackend(AttentionBackend):
         cu = meta.cu_seqlens
         return self._fn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, window_size=size)
 
-
-    def attend_o(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta, o: "Projection",
-                 window: int | None = None, bias: torch.Tensor | None = None) -> "torch.Tensor | PartialRows | ScaledRows":
-        # small steps with the o projection in the attention kernel's epilogue (attn_o.py), where the
-        # engine allows it for ``o``; eager and graph steps of a size take the same path, whatever
-        # their lengths (uniform ones included: cuDNN would otherwise run them)
-        T = q.shape[0]
-        if (o.fused_attention and bias is None and not _windowed(window, meta) and self.ragged == "triton"
-                and not o.use_fp8(T)):
-            from bouquet.engine import attn_o
-            parts = attn_o.attend_o(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.causal, o.weight, o.bias,
-                                    TRITON_ATTN_CONFIGS.get(q.shape[2]))
-            if parts is not None:
-                return parts
-        return super().attend_o(q, k, v, meta, o, window, bias)
 
     def uniform_kernel(self, head_dim: int) -> bool:
         """Whether batches of equal lengths (two or more sequences) run another kernel than ragged

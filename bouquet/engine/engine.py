@@ -34,7 +34,6 @@ from bouquet.engine.m3_heads import M3Heads
 from bouquet.engine.pooling import pooler
 from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
 from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, SMALL_MAX_TOKENS, compile_now
-from bouquet.engine.attn_o import MAX_TOKENS as ATTN_O_MAX_TOKENS
 from bouquet.engine.pdl import supported as pdl_supported
 from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS, WARM_TOKENS
 from bouquet.engine.st_head import build_head
@@ -125,8 +124,6 @@ class Engine:
     gate/up + activation and encoders' up + bias + activation GEMMs in Triton (fused_gemms.py; the
     plain ones up to ``SMALL_MAX_OUTPUTS`` outputs), so that those launches take programmatic
     dependent launch too; None = on for the same devices where PDL is supported (``pdl.supported``).
-    ``fused_o``: for steps of at most ``attn_o.MAX_TOKENS`` tokens, the attention output projection in
-    the Triton attention kernel's epilogue (attn_o.py; needs ``split_k``); None = off (being measured).
     Implements ``contract.StepEngine``.
     """
 
@@ -136,7 +133,7 @@ class Engine:
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
                  split_k: bool | None = None, fused_gemms: bool | None = None,
-                 small_gemms: bool | None = None, fused_o: bool | None = None) -> None:
+                 small_gemms: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -189,11 +186,6 @@ class Engine:
                 m.small_gemms = self.small_gemms
         for p in projections(model):
             p.small_gemm = self.small_gemms and p.kind == "qkv"
-        # batch-1 steps: attention and the o projection as one kernel (attn_o.py); its parts have
-        # the split-K GEMM's readers, so only where o runs split-K
-        self.fused_o = bool(fused_o) and self.split_k
-        for p in projections(model):
-            p.fused_attention = self.fused_o and p.kind == "o" and p.split_k
         self.causal = bool(model.causal)
         # layers with different attention windows (Gemma3's sliding / global): a windowed layer can
         # leave padding rows unwritten, so no attention may read a whole padded bucket (AttnMeta.whole_rows)
@@ -246,8 +238,6 @@ class Engine:
                          else "cuBLAS gate/up, then the activation kernel")
             log.info("engine: qkv and MLP-in projections of steps up to %d tokens: %s", SMALL_MAX_TOKENS,
                      "Triton GEMMs with the bias / activation in their epilogue" if self.small_gemms else "cuBLAS")
-            log.info("engine: attention output projection of steps up to %d tokens: %s", ATTN_O_MAX_TOKENS,
-                     "in the attention kernel's epilogue (attn_o.py)" if self.fused_o else "a GEMM of its own")
             log.info("engine: Triton kernels launch %s", "with programmatic dependent launch (pdl.py)"
                      if pdl_supported(self.device.index or 0) else "plainly (no programmatic dependent launch here)")
 

@@ -273,6 +273,82 @@ def act_quant_kernel(x_ptr, q_ptr, scale_ptr, rs_ptr, cs_ptr, xb_ptr, n_cols, x_
         tl.store(q_ptr + row * n_cols + c2, tl.clamp(a2 * inv, -448.0, 448.0).to(et), mask=m2)
 
 
+@triton.jit
+def _attn_block(q, k_ptrs, v_ptrs, start_n, m_i, l_i, acc, offs_m, offs_n, n, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    # One key block of online softmax (log2 domain): k_ptrs [D, BN], v_ptrs [BN, D] at key 0.
+    keys = start_n + offs_n
+    if MASKED:
+        valid = keys < n
+        k = tl.load(k_ptrs, mask=valid[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    s = tl.dot(q, k) * qk_scale  # [BM, BN] fp32
+    if MASKED:
+        keep = valid[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= keys[None, :])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
+def varlen_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale,
+                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h,
+                       GROUP: tl.constexpr, PACK: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr = False):
+    # Program (m, b, g): BM query rows of sequence b against its keys [cu[b], cu[b+1]). PACK query
+    # heads share the program (1, or all GROUP heads of one kv head, so K/V tiles are loaded once
+    # for them): row r is token m·(BM/PACK) + r // PACK of head g·PACK + r % PACK, and the kv head
+    # is that head // GROUP. Key blocks wholly visible to every row of the block run without
+    # masks; only the last (and, causal, the diagonal) blocks are masked.
+    _pdl_enter(PDL)
+    TOKS: tl.constexpr = BM // PACK
+    pid_m = tl.program_id(0)
+    seq = tl.program_id(1)
+    g = tl.program_id(2)
+    start = tl.load(cu_ptr + seq).to(tl.int64)
+    n = tl.load(cu_ptr + seq + 1) - tl.load(cu_ptr + seq)
+    m0 = pid_m * TOKS
+    if m0 >= n:
+        return
+    rows = tl.arange(0, BM)
+    tok = m0 + rows // PACK  # [BM] token of each row
+    head = g * PACK + rows % PACK  # [BM] query head of each row
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    kh = (g * PACK) // GROUP
+    q = tl.load(q_ptr + (start + tok[:, None]) * sq_t + head[:, None] * sq_h + offs_d[None, :], mask=tok[:, None] < n,
+                other=0.0)
+    k_ptrs = k_ptr + (start + offs_n[None, :]) * sk_t + kh * sk_h + offs_d[:, None]
+    v_ptrs = v_ptr + (start + offs_n[:, None]) * sv_t + kh * sv_h + offs_d[None, :]
+    m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BM,), dtype=tl.float32)
+    acc = tl.zeros((BM, D), dtype=tl.float32)
+    if CAUSAL:
+        hi = tl.minimum(m0 + TOKS, n)
+        full = (tl.minimum(m0 + 1, n) // BN) * BN
+    else:
+        hi = n
+        full = (n // BN) * BN
+    for start_n in range(0, full, BN):
+        m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
+                                    tok, offs_n, n, qk_scale, False, CAUSAL)
+    for start_n in range(full, hi, BN):
+        m_i, l_i, acc = _attn_block(q, k_ptrs + start_n * sk_t, v_ptrs + start_n * sv_t, start_n, m_i, l_i, acc,
+                                    tok, offs_n, n, qk_scale, True, CAUSAL)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + (start + tok[:, None]) * so_t + head[:, None] * so_h + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=tok[:, None] < n)
+
+
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel for every M
 def splitk_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, K_SPLIT: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False,

@@ -57,14 +57,13 @@ def supported(device_index: int) -> bool:
 
 # The launch sites' names for their kernels.
 KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope", "act", "act_quant", "small_gemm",
-                     "small_gated", "attn_o"})
+                     "small_gated"})
 # Kernels that always take PDL: the add + norm kernels reading split-K parts (after the split-K
 # GEMM) and the split-K GEMM itself — in decoders after our attention or gated activation; in
 # encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4);
 # and the small steps' qkv / MLP-in GEMMs (fused_gemms.small_linear; small_gated: the gated MLP's
-# gate/up, small_gate_up_act), which follow an add + norm; and attention with the o projection
-# (attn_o.py), after q/k-norm + rotary in decoders, the small qkv GEMM in encoders.
-FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm", "small_gated", "attn_o"})
+# gate/up, small_gate_up_act), which follow an add + norm.
+FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm", "small_gated"})
 # The others (attention, q/k-norm + rotary, the activations, norms of a cuBLAS output) follow a
 # cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
 # grid this small, as their programs may start early and wait on the SMs through the whole
@@ -76,7 +75,7 @@ MAX_PROGRAMS = 64
 # L2 for their own weight slab (``kernels._prefetch_rows``), then wait; the weights do not depend on
 # the previous grid, so HBM streams them while that grid still runs (norms, attention: latency-bound
 # at batch 1) and the GEMM then reads them from L2.
-PREFETCHES = frozenset({"splitk", "small_gemm", "small_gated", "attn_o"})
+PREFETCHES = frozenset({"splitk", "small_gemm", "small_gated"})
 # ... but only weights of at most this many bytes: measured on the H200 (bench/results/h200-2026-12-02,
 # calls 1–3), bge-base's (≤ 4.7 MB) and Qwen3-0.6B's o / down (4.2 / 6.3 MB) gain 1–4% per batch-1
 # replay, while Qwen3-0.6B's qkv and gate/up (8.4 / 12.6 MB) lose 1–3%: more than HBM streams while

@@ -86,9 +86,6 @@ class Projection:
         self.defer = defer
         self.split_k = split_k  # the engine turns it off for all (Engine(split_k=False))
         self.small_gemm = False  # the engine's choice (qkv, Engine(small_gemms=...)): small steps' Triton GEMM
-        # the engine's choice (o with split_k, Engine(fused_o=...)): small steps run it in the
-        # attention kernel's epilogue (attn_o.py; AttentionBackend.attend_o)
-        self.fused_attention = False
         self.fp8: Fp8Weight | None = None
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None

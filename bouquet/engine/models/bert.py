@@ -135,8 +135,9 @@ class PostNormLayer(nn.Module):
         elif not self.qkv.use_fp8(T):
             x = dense_rows(x)
         q, k, v = self.qkv(x).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
-        a = attn.attend_o(q, k, v, meta, self.o, bias=bias)  # o(attention) [T, hidden], fused for small steps
-        x = add_layer_norm(a, dense_rows(x), p.attn_norm, self.up.use_fp8(T))  # one fused kernel on CUDA
+        a = attn.attend(q, k, v, meta, bias=bias).reshape(T, h)  # [T, hidden]
+        a = quantize_rows(a) if self.o.use_fp8(T) else a  # FlashAttention / cuDNN write bf16: one cast pass
+        x = add_layer_norm(self.o(a), dense_rows(x), p.attn_norm, self.up.use_fp8(T))  # one fused kernel on CUDA
         down8 = self.down.use_fp8(T)
         if self.up.use_fp8(T):  # up GEMM (bias in its epilogue), then the activation and the fp8 cast in one kernel
             u = self.up(x)

@@ -36,7 +36,7 @@ from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.fp8_rows import QRows, ScaledRows
 from bouquet.engine.fused_gemms import SMALL_MAX_TOKENS, gate_up_act, small_gate_up_act
-from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, rope_tables, silu_mul
+from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
 from bouquet.engine.quant import Projection
 from bouquet.modelspec import is_causal
 
@@ -130,12 +130,14 @@ class DecoderAttention(nn.Module):
 
     def forward(self, x: "torch.Tensor | QRows", cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
                 meta: AttnMeta, window: int | None) -> "torch.Tensor | ScaledRows":
-        """x [T, hidden] (QRows in fp8) → [T, hidden] (ScaledRows when o runs in fp8, PartialRows
-        when split-K); cos/sin [T, head_dim/2] float32 (``ops.rope_tables``)."""
+        """x [T, hidden] (QRows in fp8) → [T, hidden] (ScaledRows when o runs in fp8); cos/sin
+        [T, head_dim/2] float32 (``ops.rope_tables``)."""
+        T = x.shape[0]
         qkv = self.qkv(x)  # [T, (H + 2·Hkv)·D]
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
                                self.head_dim, self.qk_weight)
-        return attn.attend_o(q, k, v, meta, self.o, window)  # o(attention), fused for small steps where allowed
+        a = attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim)
+        return self.o(quantize_rows(a) if self.o.use_fp8(T) else a)  # FlashAttention writes bf16: one cast pass
 
 
 class DecoderMLP(nn.Module):
