@@ -15,7 +15,11 @@ last program, adds up gave its gain back (bench/results/h200-2026-12-01, call 2)
 reader instead, with the tiles of ``plan_for``, batch-1 graph replays of 16–128 tokens run 7–9%
 faster (Qwen3-0.6B 1.11 → 1.01 ms at 16 tokens, 1.22 → 1.13 at 128; bge-base 0.40 → 0.37 and
 0.44 → 0.41; bench/results/h200-2026-12-01e). From 129 to 256 tokens a wider plan (64 × 128 tiles)
-does the same (bench/results/h200-2026-12-02); at 512 tokens the replays lose.
+does the same (bench/results/h200-2026-12-02); at 512 tokens the replays lose. Tried and not kept:
+the o projection's parts computed in the attention kernel's epilogue (one kernel instead of two per
+layer, split-K by heads; code at 7a30258): batch-1 replays 0.5% slower at 16 tokens, 2–20% at 64–128
+(bench/results/h200-2026-12-02c, section 2) — with PDL a launch between dependent kernels costs little,
+and every column chunk's program recomputed its heads' attention.
 
 What this module does not own: which projections may return parts (the models say so through
 ``quant.Projection(split_k=True)``: only those whose every reader is an add + norm kernel) or
