@@ -22,6 +22,7 @@
 #          per L2-prefetch variant; TL_ARGS.
 #   pdl    bench/probes/pdl_probe.py: programmatic dependent launch off / on / on + split-K prefetch, in one process; PDL_ARGS.
 #   anat   bench/probes/step_anatomy_probe.py: a batch-1 step's wall time against its replay, piece by piece; ANAT_ARGS.
+#   tiles  bench/probes/small_tiles_probe.py: 128-row tiles for the batch-1 Triton GEMMs above 64 tokens; TILES_ARGS.
 #   ab     `bouquet bench AB_ARGS` for the tree in .carry/base.tgz (`git archive BASE | gzip`, unpacked to /tmp/base and
 #          run from there) and this tree in turn, AB_ROUNDS (2) rounds: each in a process of its own (AB_TAG names the runs).
 #   http   `bouquet bench` over HTTP (Qwen3-0.6B, bouquet serve with 4 gateway workers, real text in benchmark 4):
@@ -153,6 +154,11 @@ fi
 if has anat; then
   timeout ${ANAT_TIMEOUT:-300} python3 bench/probes/step_anatomy_probe.py "$R/anatomy.json" --models-root $M ${ANAT_ARGS:-} > "$R/anatomy.log" 2>&1
   grep -v "^Writing\|it/s" "$R/anatomy.log" | tail -c 5000
+  bundle
+fi
+if has tiles; then
+  timeout ${TILES_TIMEOUT:-420} python3 bench/probes/small_tiles_probe.py "$R/small-tiles.json" --models-root $M ${TILES_ARGS:-} > "$R/small-tiles.log" 2>&1
+  tail -n 24 "$R/small-tiles.log"
   bundle
 fi
 if has ab; then

@@ -121,6 +121,7 @@ def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor
 
 SMALL_MAX_TOKENS = 128
 SMALL_MAX_OUTPUTS = 128 * 3072  # T·N of a plain small GEMM: above, cuBLAS (see the module docstring)
+SMALL_LAUNCH = {"num_warps": 4, "num_stages": 3}  # Triton launch options of small_gemm_kernel
 
 
 def _small_tiles(T: int, N: int, K: int, sms: int) -> tuple[int, int, int] | None:
@@ -156,7 +157,7 @@ def _small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: 
         grid = (n // bn, -(-T // bm))
         gemm_kernels.small_gemm_kernel[grid](
             x, weight, bias if bias is not None else weight, out, T, n, K, x.stride(0), HAS_BIAS=bias is not None,
-            ACT=act, GATED=gated, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3,
+            ACT=act, GATED=gated, BM=bm, BN=bn, BK=bk, **SMALL_LAUNCH,
             **launch_options(x, "small_gated" if gated else "small_gemm", grid[0] * grid[1], weight))
     return out
 
