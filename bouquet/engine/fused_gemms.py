@@ -33,6 +33,8 @@ Qwen3-0.6B 0.966 → 0.926 ms at 16 tokens, 0.975 → 0.933 at 64, but 1.090 →
 0.350 → 0.345, 0.357 → 0.352, 0.389 → 0.375. So the plain (non-gated) one runs only for outputs
 of at most ``SMALL_MAX_OUTPUTS`` elements (T·N): Qwen3's qkv at 128 tokens (T·N = 524,288) stays on
 cuBLAS, bge-base's qkv and up (≤ 393,216) do not.
+Row tiles stay 64 high at 65–128 tokens: 128-row tiles (bench/probes/small_tiles_probe.py) made the
+replays 18% (Qwen3-0.6B) and 11% (bge-base) slower at 128 tokens (bench/results/h200-2026-12-02c, section 4).
 
 What this module does not own: whether a layer may use it (``models/decoder.py``: bf16/fp16
 steps whose MLP does not run in fp8; ``models/bert.py``'s up; ``quant.Projection.small_gemm`` for
