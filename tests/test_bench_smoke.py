@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
-           "--system", "engine", "--system", "grpc", "--system", "transformers", "--out", str(tmp_path),
+           "--system", "engine", "--system", "replica", "--system", "grpc", "--system", "transformers", "--out", str(tmp_path),
            "--benchmarks", "1,2,3,mixed", "--seconds", "0.1", "--min-iters", "2", "--lat-lengths", "16,32",
            "--thr-lengths", "32", "--score-batches", "2", "--score-len", "32", "--thr-batch", "4",
            "--mixed-range", "8,32", "--warmup", "1", "--warmup-seconds", "0.1"]
@@ -26,9 +26,9 @@ def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "results.json").read_text())
     m = res["models"]["minilm-tiny"]
     assert not m["errors"]
-    assert set(m["checks"]) == {"bouquet-engine", "bouquet-grpc", "transformers"}
+    assert set(m["checks"]) == {"bouquet-engine", "bouquet-replica", "bouquet-grpc", "transformers"}
     systems = {r["system"] for r in m["rows"]}
-    assert systems == {"bouquet-engine", "bouquet-grpc", "transformers"}
+    assert systems == {"bouquet-engine", "bouquet-replica", "bouquet-grpc", "transformers"}
     assert {r["bench"] for r in m["rows"]} == {"1", "2", "3", "3-mixed"}
     assert all(r["roofline_frac"] > 0 for r in m["rows"])
     md = (tmp_path / "results.md").read_text()

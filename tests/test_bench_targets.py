@@ -52,3 +52,47 @@ def test_http_target_without_the_counter_says_none(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(target, "_request", refused)
     assert target.graph_captures() is None
+
+
+def test_replica_target_steps_a_request_as_a_served_replica_does(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ReplicaTarget runs the replica's scheduler and engine loop in process: a request above the
+    token budget becomes several steps, concurrent requests share them, and every row equals the
+    one-step engine's (the same model and pooling; rows do not depend on their batch)."""
+    import threading
+
+    import numpy as np
+
+    pytest.importorskip("transformers")
+    from bouquet.bench.models import SHAPES, default_tokenizer, make_model_dir, tiny
+    from bouquet.bench.replica_target import ReplicaTarget
+    from bouquet.bench.run import random_seqs
+    from bouquet.bench.targets import EngineTarget
+
+    model_dir = make_model_dir(tiny(SHAPES["minilm"]), tmp_path, default_tokenizer())
+    rng = np.random.default_rng(3)
+    requests = [random_seqs(rng, [int(n) for n in rng.integers(20, 120, size=9)], 30522) for _ in range(3)]
+    engine = EngineTarget(model_dir, "cpu")
+    want = [engine.embed_ids(seqs) for seqs in requests]
+    replica = ReplicaTarget(model_dir, "cpu", max_batch_tokens=96)
+    try:
+        assert replica.name == "bouquet-replica"
+        got: list[np.ndarray | None] = [None] * len(requests)
+
+        def client(i: int) -> None:
+            got[i] = replica.embed_ids(requests[i])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        stats = replica.service.scheduler.stats
+        total = sum(len(s) for seqs in requests for s in seqs)
+        budget = replica.service.scheduler.max_batch_tokens  # 96, raised to the model's max_seq_length
+        assert stats.tokens == total and stats.batches >= max(2, -(-total // budget))  # steps within the budget
+        for g, w in zip(got, want):
+            assert g is not None and g.shape == w.shape
+            np.testing.assert_allclose(g, w, atol=1e-5)
+        assert np.allclose(np.linalg.norm(got[0], axis=1), 1, atol=1e-5)  # finalized as served
+    finally:
+        replica.close()

@@ -2,7 +2,8 @@
 
 Per model shape: the transformers reference is loaded first; each system is checked against it
 (cosine within 0.1%) before it is timed; the in-process engine also runs the graph == eager check
-for every bucket it captures. Systems: ``engine`` (in process), ``grpc`` and ``http`` (a bouquet
+for every bucket it captures. Systems: ``engine`` (in process, a request = one step), ``replica``
+(in process, as a served replica steps it: replica_target.py), ``grpc`` and ``http`` (a bouquet
 server started here, or the one at ``grpc_address``/``http_url``), ``openai`` (any
 OpenAI-compatible URL), ``transformers``.
 """
@@ -25,7 +26,7 @@ from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerPr
 
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5")  # bench/README.md
-SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-cublas", "engine-fp8-cublas", "grpc", "http", "http-fp8", "http-graph8192",
+SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-cublas", "engine-fp8-cublas", "replica", "replica-fp8", "grpc", "http", "http-fp8", "http-graph8192",
            "http-cublas", "http-noop", "openai", "transformers")
 
 
@@ -105,6 +106,10 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system.startswith("engine-fp8") else "none",
                             attention="varlen-flash" if system == "engine-fa2" else None,
                             fp8_rowwise=system == "engine-fp8-rowwise", cublas=system.endswith("-cublas"))
+    if system in ("replica", "replica-fp8"):
+        from bouquet.bench.replica_target import ReplicaTarget
+
+        return ReplicaTarget(model_dir, opts.device, quantization="fp8" if system == "replica-fp8" else "none")
     if system == "transformers":
         return TransformersTarget(model_dir, opts.device)
     if system in ("grpc", "http", "http-noop", "http-fp8", *_SERVE_ARGS):
