@@ -37,18 +37,21 @@ def resolve_prompt(spec: ModelSpec, prompt: str | None = None, name: str | None 
 
 
 class BadTokenId(ValueError):
-    """Pre-tokenized input ``index`` holds an id outside the vocabulary."""
+    """Pre-tokenized input ``index`` holds an id outside the vocabulary (or no id at all).
+    ``detail``: the message without the input's name, for callers that name it their way
+    (the gateway: ``input`` or ``input[3]``)."""
 
-    def __init__(self, index: int, message: str) -> None:
-        super().__init__(message)
-        self.index = index
+    def __init__(self, index: int, detail: str) -> None:
+        super().__init__(f"input {index} {detail}")
+        self.index, self.detail = index, detail
 
 
 class TooLong(ValueError):
-    """Input ``index`` has ``count`` tokens, more than the model's ``limit``."""
+    """Input ``index`` has ``count`` tokens, more than the model's ``limit``; ``detail`` as BadTokenId's."""
 
     def __init__(self, index: int, count: int, limit: int) -> None:
-        super().__init__(f"input {index} has {count} tokens, more than the model's maximum of {limit} (truncation is off)")
+        self.detail = f"has {count} tokens, more than the model's maximum of {limit} (truncation is off)"
+        super().__init__(f"input {index} {self.detail}")
         self.index, self.count, self.limit = index, count, limit
 
 
@@ -142,10 +145,11 @@ class TextTokenizer:
         for i, s in enumerate(seqs):
             arr = np.asarray(s, dtype=np.int32)  # parse_inputs checked the int32 range
             if arr.size == 0:
-                raise BadTokenId(i, f"input {i} is an empty list of token ids")
-            bad = arr[(arr < 0) | (arr >= self.vocab_size)]
+                raise BadTokenId(i, "is an empty list of token ids")
+            bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
             if bad.size:
-                raise BadTokenId(i, f"input {i} has token id {int(bad[0])}, outside the vocabulary [0, {self.vocab_size})")
+                j = int(bad[0])
+                raise BadTokenId(i, f"has token id {int(arr[j])} at position {j}, outside the vocabulary [0, {self.vocab_size})")
             if arr.size > self.spec.max_seq_length:
                 if not truncate:
                     raise TooLong(i, int(arr.size), self.spec.max_seq_length)

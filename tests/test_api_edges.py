@@ -58,6 +58,31 @@ def test_out_of_vocabulary_id_names_its_input(minilm_server):
     assert openai_error(r, 400, "input[1]", "invalid_token_id")
 
 
+def test_error_messages_name_the_item_their_param_names(minilm_server):
+    """The message starts with what ``param`` says (a new user found "input 0 has token id -1"
+    under param "input", and "input[0][0]" in a message under "input[0]"); integers past 64 bits,
+    which the JSON parser reads as floats, are out of range rather than "a number"."""
+    big = 10**23
+    cases = [
+        ({"input": [-1, 5]}, "input", "invalid_token_id", "input has token id -1 at position 0"),
+        ({"input": [[101, 102], [101, 7592, -1]]}, "input[1]", "invalid_token_id", "input[1] has token id -1 at position 2"),
+        ({"input": [["a", "b"]]}, "input[0][0]", "invalid_type", "input[0][0] must be an integer token id"),
+        ({"input": [101, "x"]}, "input[1]", "invalid_type", "input[1] must be an integer token id"),
+        ({"input": [big]}, "input[0]", "invalid_token_id", "out of range"),
+        ({"input": [[101, big]]}, "input[0][1]", "invalid_token_id", "out of range"),
+        ({"input": "a", "dimensions": big}, "dimensions", "invalid_value", "out of range"),
+        ({"input": "a", "dimensions": 4.0}, "dimensions", "invalid_type", "must be an integer"),
+        ({"input": [101] * 600, "truncate": False}, "input", "context_length_exceeded", "input has 600 tokens"),
+        ({"input": ["a", " ".join(["word"] * 600)], "truncate": False}, "input[1]", "context_length_exceeded",
+         "input[1] has"),
+    ]
+    for body, param, code, words in cases:
+        r = httpx.post(minilm_server.url + "/v1/embeddings", json=body, timeout=60)
+        err = openai_error(r, 400, param, code)
+        assert words in err["message"], (body if len(str(body)) < 200 else param, err)
+    assert minilm_server.embed([101, 7592, 102]).status_code == 200
+
+
 def test_rerank_ties_get_identical_scores_in_input_order(minilm_server):
     # Different texts with the same token ids (the model's tokenizer lowercases) are one input.
     docs = ["Hello world", "a guitar on a stage", "hello world", "HELLO WORLD", "a guitar on a stage"]

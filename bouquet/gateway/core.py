@@ -105,9 +105,11 @@ class Gateway:
                 texts = [prompt + t for t in texts]
             return await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
         except TooLong as e:
-            raise bad_request(str(e), item_param(param, inputs, e.index), "context_length_exceeded") from None
+            where = item_param(param, inputs, e.index)
+            raise bad_request(f"{where} {e.detail}", where, "context_length_exceeded") from None
         except BadTokenId as e:
-            raise bad_request(str(e), item_param(param, inputs, e.index), "invalid_token_id") from None
+            where = item_param(param, inputs, e.index)
+            raise bad_request(f"{where} {e.detail}", where, "invalid_token_id") from None
 
     def resolve_prompt(self, body: dict[str, Any], inputs: TextInputs | None = None) -> str | None:
         """``prompt`` / ``prompt_name`` / the model's default prompt → the text to prepend to texts

@@ -28,6 +28,11 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _too_big(x: Any) -> bool:
+    # orjson reads an integer past 64 bits as a float: name it out of range, not "a number"
+    return isinstance(x, float) and abs(x) >= 2**63
+
+
 def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
     """A string, a list of strings, a list of token ids, or a list of token-id lists.
 
@@ -56,7 +61,7 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
                 raise bad_request(f"{param}[{i}] is an empty string; every input needs at least one character",
                                   f"{param}[{i}]", "empty_input")
         return TextInputs(list(value), None, False)
-    if _is_int(first):
+    if _is_int(first) or _too_big(first):
         _check_ids(value, param)
         return TextInputs(None, [value], True)
     if isinstance(first, list):
@@ -77,10 +82,13 @@ def _check_ids(ids: list[Any], param: str) -> None:
     if set(map(type, ids)) == {int} and -(2**31) <= min(ids) and max(ids) < 2**31:
         return
     for j, t in enumerate(ids):
+        if _too_big(t):
+            raise bad_request(f"{param}[{j}] = {shown(t)} is not a valid token id (out of range)", f"{param}[{j}]",
+                              "invalid_token_id")
         if not _is_int(t):
-            raise bad_request(f"{param}[{j}] must be an integer token id, got {json_type(t)}", param, "invalid_type")
+            raise bad_request(f"{param}[{j}] must be an integer token id, got {json_type(t)}", f"{param}[{j}]", "invalid_type")
         if not -(2**31) <= t < 2**31:
-            raise bad_request(f"{param}[{j}] = {t} is not a valid token id", param, "invalid_token_id")
+            raise bad_request(f"{param}[{j}] = {t} is not a valid token id", f"{param}[{j}]", "invalid_token_id")
 
 
 def opt_bool(body: dict[str, Any], key: str) -> bool | None:
@@ -96,6 +104,8 @@ def opt_int(body: dict[str, Any], key: str) -> int | None:
     v = body.get(key)
     if v is None:
         return None
+    if _too_big(v):
+        raise bad_request(f"'{key}' = {shown(v)} is out of range", key, "invalid_value")
     if not _is_int(v):
         raise bad_request(f"'{key}' must be an integer, got {shown(v)}", key, "invalid_type")
     return int(v)

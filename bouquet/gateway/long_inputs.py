@@ -81,8 +81,8 @@ async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normal
             try:  # the vocabulary check on the whole input (the ids are checked before any cut)
                 tok.check_ids([seq], truncate=True)
             except BadTokenId as e:
-                raise bad_request(str(e).replace("input 0", f"input {i}", 1), item_param(param, inputs, i),
-                                  "invalid_token_id") from None
+                where = item_param(param, inputs, i)
+                raise bad_request(f"{where} {e.detail}", where, "invalid_token_id") from None
     flat = [w[0].astype(np.int32) for ws in per_input for w in ws]
     rows = await gw.infer(flat, None, normalize, dims, priority)
     do_norm = gw.spec.normalize if normalize is None else normalize

@@ -122,7 +122,7 @@ async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bo
     except APIError as e:
         e.param = "query"  # the query side is text_1 / query, never the embeddings route's 'input'
         if e.code == "context_length_exceeded":  # worded for the query, whatever `truncate` says
-            e.message = re.sub(r"^input \d+ has", "a query has", e.message).replace(
+            e.message = re.sub(r"^input(\[\d+\])? has", "a query has", e.message).replace(
                 "(truncation is off)", "(queries are never truncated; shorten it)")
         raise
     d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", "right",
