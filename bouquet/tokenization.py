@@ -146,10 +146,7 @@ class TextTokenizer:
             arr = np.asarray(s, dtype=np.int32)  # parse_inputs checked the int32 range
             if arr.size == 0:
                 raise BadTokenId(i, "is an empty list of token ids")
-            bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
-            if bad.size:
-                j = int(bad[0])
-                raise BadTokenId(i, f"has token id {int(arr[j])} at position {j}, outside the vocabulary [0, {self.vocab_size})")
+            self._check_vocab(i, arr)
             if arr.size > self.spec.max_seq_length:
                 if not truncate:
                     raise TooLong(i, int(arr.size), self.spec.max_seq_length)
@@ -172,6 +169,19 @@ class TextTokenizer:
             if len(self._prompt_lengths) < 1024:  # bounded: clients may send prompts of their own
                 self._prompt_lengths[prompt] = n
         return n
+
+    def decode(self, seqs: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Token ids → text per sequence (``tokenizers.Tokenizer.decode_batch``), for TEI's
+        ``/decode``. Raises BadTokenId naming the sequence and the first id outside the vocabulary."""
+        for i, s in enumerate(seqs):
+            self._check_vocab(i, np.asarray(s, dtype=np.int64))
+        return self._plain.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
+
+    def _check_vocab(self, i: int, arr: np.ndarray) -> None:
+        bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
+        if bad.size:
+            j = int(bad[0])
+            raise BadTokenId(i, f"has token id {int(arr[j])} at position {j}, outside the vocabulary [0, {self.vocab_size})")
 
     # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------
     def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Any]:

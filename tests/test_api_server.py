@@ -208,7 +208,7 @@ def test_metrics(minilm_server):
 
 def test_openapi_and_json_404_405(minilm_server):
     spec = httpx.get(minilm_server.url + "/openapi.json").json()
-    posts = {"/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize"}
+    posts = {"/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/similarity", "/decode"}
     gets = {"/health", "/metrics", "/v1/models", "/info"}
     assert posts | gets <= set(spec["paths"])
     for p in posts:
@@ -245,6 +245,14 @@ def test_openapi_and_json_404_405(minilm_server):
     ("/v1/rerank", {"query": "", "documents": ["a"]}, False),
     ("/rerank", {"query": "q", "texts": "a"}, True),
     ("/rerank", {"query": "q", "texts": []}, False),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, True),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": None}, True),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, False),
+    ("/similarity", {"inputs": {"source_sentence": "", "sentences": ["b"]}}, False),
+    ("/decode", {"ids": [101, 102]}, True),
+    ("/decode", {"ids": [[101], [102]]}, True),
+    ("/decode", {"ids": []}, False),
+    ("/decode", {"ids": [[101], []]}, False),
 ])
 def test_openapi_schema_agrees_with_the_server(minilm_server, path, body, ok):
     """A body /openapi.json allows is served (200); one it rules out is refused (400), and the

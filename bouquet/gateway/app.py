@@ -40,11 +40,12 @@ ROUTES = Routes(
     post={"/v1/embeddings": routes_openai.embeddings_route, "/v1/rerank": routes_scoring.rerank_route,
           "/v1/score": routes_scoring.score_route, "/embed": routes_tei.embed_route,
           "/rerank": routes_tei.rerank_route, "/tokenize": routes_tei.tokenize_route,
+          "/similarity": routes_tei.similarity_route, "/decode": routes_tei.decode_route,
           "/embed_sparse": routes_sparse.embed_sparse_route, "/embed_all": routes_sparse.embed_all_route},
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
-    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "embed", "/embed_all": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
+    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "embed", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
 
@@ -161,6 +162,9 @@ def describe_routes(app: FastAPI) -> None:
          "TEI embed_all: per-token vectors (bge-m3: ColBERT)"),
         ("/rerank", "POST", d.TEI_RERANK_REQUEST, d.TEI_RERANK_RESPONSE, True, "TEI rerank"),
         ("/tokenize", "POST", d.TEI_TOKENIZE_REQUEST, d.TEI_TOKENIZE_RESPONSE, True, "TEI tokenize"),
+        ("/decode", "POST", d.TEI_DECODE_REQUEST, d.TEI_DECODE_RESPONSE, True, "TEI decode: token ids back to text"),
+        ("/similarity", "POST", d.TEI_SIMILARITY_REQUEST, d.TEI_SIMILARITY_RESPONSE, True,
+         "TEI similarity: cosine of each sentence with the source sentence"),
         ("/info", "GET", None, d.TEI_INFO_RESPONSE, True, "TEI info"),
     ]
     for path, method, request, response, tei, summary in docs:

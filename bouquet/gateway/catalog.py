@@ -20,7 +20,7 @@ from bouquet.gateway.errors import APIError, bad_request, json_type
 from bouquet.modelspec import ModelSpec
 
 # The model a POST route needs: "embed" (embedding routes), "score" (rerank / score routes; an
-# embedding model scores by cosine where no scoring model is served), "any" (/tokenize).
+# embedding model scores by cosine where no scoring model is served), "any" (/tokenize, /decode).
 RouteKind = Literal["embed", "score", "any"]
 _KIND_WORDS = {"embed": "an embedding model", "score": "a scoring model"}
 

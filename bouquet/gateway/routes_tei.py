@@ -1,4 +1,5 @@
-"""text-embeddings-inference (TEI) compatible routes: ``/embed``, ``/rerank``, ``/tokenize``, ``/info``.
+"""text-embeddings-inference (TEI) compatible routes: ``/embed``, ``/rerank``, ``/similarity``, ``/tokenize``,
+``/decode``, ``/info``.
 
 Request and response bodies follow TEI's OpenAPI document (``docs/openapi.json`` of
 huggingface/text-embeddings-inference); errors use TEI's ``{"error", "error_type"}`` shape.
@@ -7,20 +8,25 @@ to false), and invalid input is 400 (TEI uses 413/422 for some validation errors
 """
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import Any
 
+import numpy as np
 from starlette.responses import Response
 
 from bouquet.gateway.catalog import Catalog
-from bouquet.gateway.core import PRIORITIES, TOKENIZER_THREADS, Gateway
-from bouquet.gateway.errors import APIError, bad_request, shown
+from bouquet.gateway.core import PRIORITIES, TOKENIZER_THREADS, Gateway, item_param
+from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 from bouquet.gateway.http import json_response
-from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import score_pairs
-from bouquet.tokenization import token_spans
+from bouquet.tokenization import BadTokenId, token_spans
+
+INLINE_DECODE_IDS = 4096  # a /decode call with more ids than this runs on the tokenizer threads
 
 
 def _direction(body: dict[str, Any]) -> str:
@@ -35,10 +41,7 @@ def _direction(body: dict[str, Any]) -> str:
 
 async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed`` → ``[[float, ...], ...]``, one vector per input (also for a single string)."""
-    if gw.spec.task != "embed":
-        raise APIError(424, f"model '{gw.public_id}' is not an embedding model; use /rerank", "inputs", "wrong_task")
-    if gw.spec.sparse:
-        raise APIError(424, f"model '{gw.public_id}' is a sparse (SPLADE) model; use /embed_sparse", "inputs", "wrong_task")
+    _embedding_model(gw, "use /rerank")
     inputs = parse_inputs(body.get("inputs"), "inputs", gw.cfg.max_inputs)
     mode = long_input_mode(body, gw.cfg.truncate)
     if mode == "chunks":
@@ -50,6 +53,79 @@ async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     res = await embed(gw, inputs, mode, _direction(body), prompt, opt_bool(body, "normalize"), dims, priority,
                     "inputs")
     return json_response(res.vectors)
+
+
+def _embedding_model(gw: Gateway, route: str) -> None:
+    if gw.spec.task != "embed":
+        raise APIError(424, f"model '{gw.public_id}' is not an embedding model; {route}", "inputs", "wrong_task")
+    if gw.spec.sparse:
+        raise APIError(424, f"model '{gw.public_id}' is a sparse (SPLADE) model; use /embed_sparse", "inputs", "wrong_task")
+
+
+async def similarity_route(gw: Gateway, body: dict[str, Any]) -> Response:
+    """TEI ``/similarity``: ``inputs`` = {``source_sentence``, ``sentences``}, optional ``parameters`` =
+    {``prompt_name``, ``truncate``, ``truncation_direction``} → ``[float, ...]``: per sentence, in
+    order, the cosine of its embedding with the source sentence's (sentence-transformers'
+    ``util.cos_sim``), whatever the model's own normalization. One engine call embeds them all.
+    Raises APIError 400 naming ``inputs.source_sentence`` / ``inputs.sentences[i]``, 424 for a
+    model that is not a dense embedding model."""
+    _embedding_model(gw, "use /rerank")
+    inp = body.get("inputs")
+    if not isinstance(inp, dict):
+        raise bad_request(f"'inputs' must be an object with 'source_sentence' and 'sentences', got {json_type(inp)}",
+                          "inputs", "invalid_type" if inp is not None else "missing_required_parameter")
+    source = inp.get("source_sentence")
+    if not isinstance(source, str) or not source:
+        raise bad_request(f"'inputs.source_sentence' must be a non-empty string, got {shown(source)}",
+                          "inputs.source_sentence", "invalid_type" if source else "empty_input")
+    sentences = parse_texts(inp.get("sentences"), "inputs.sentences", gw.cfg.max_inputs)
+    params = body.get("parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise bad_request(f"'parameters' must be an object, got {json_type(params)}", "parameters", "invalid_type")
+    mode = long_input_mode(params, gw.cfg.truncate)
+    if mode == "chunks":
+        raise bad_request("long_input 'chunks' is only available on /v1/embeddings; use 'chunk_mean' here",
+                          "parameters.long_input", "invalid_value")
+    prompt = gw.resolve_prompt(params)
+    priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
+    try:
+        res = await embed(gw, TextInputs([source, *sentences], None, False), mode, _direction(params), prompt, True,
+                          None, priority, "inputs")
+    except APIError as e:  # "inputs[k]" is the k-th text of [source, *sentences]: name the field it came from
+        m = re.match(r"inputs\[(\d+)\]", e.param or "")
+        if m:
+            k = int(m.group(1))
+            where = "inputs.source_sentence" if k == 0 else f"inputs.sentences[{k - 1}]"
+            e.message = e.message.replace(m.group(0), where, 1)
+            e.param = where
+        raise
+    v = res.vectors.astype(np.float64)  # [1 + n, D], L2-normalized
+    cos = np.clip(v[1:] @ v[0], -1.0, 1.0)  # rounding can put equal vectors a hair past 1
+    return json_response([float(c) for c in cos])
+
+
+async def decode_route(gw: Gateway, body: dict[str, Any]) -> Response:
+    """TEI ``/decode``: ``ids`` (a list of token ids or a list of such lists), ``skip_special_tokens``
+    (default true) → ``["text", ...]``, one string per sequence (also for a single list), as
+    ``tokenizers.Tokenizer.decode_batch`` writes it. Raises APIError 400 for text, empty lists and
+    ids outside the vocabulary (naming ``ids`` or ``ids[i]``)."""
+    value = body.get("ids")
+    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], str)):
+        raise bad_request("'ids' must be a list of token ids or a list of token-id lists, not text", "ids", "invalid_type")
+    inputs = parse_inputs(value, "ids", gw.cfg.max_inputs)
+    seqs: list[list[int]] = inputs.token_ids or []  # type: ignore[assignment]
+    skip = opt_bool(body, "skip_special_tokens") is not False
+    try:
+        if sum(map(len, seqs)) <= INLINE_DECODE_IDS:
+            texts = gw.tokenizer.decode(seqs, skip)
+        else:
+            texts = await asyncio.get_running_loop().run_in_executor(gw.executor, gw.tokenizer.decode, seqs, skip)
+    except BadTokenId as e:
+        where = item_param("ids", inputs, e.index)
+        raise bad_request(f"{where} {e.detail}", where, "invalid_token_id") from None
+    return json_response(texts)
 
 
 async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
