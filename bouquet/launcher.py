@@ -55,17 +55,14 @@ def replica_devices(cfg: ServeConfig) -> list[str]:
     return [cfg.device] * (cfg.replicas * cfg.replicas_per_gpu)
 
 
-def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_replicas: int = 0) -> list[ReplicaProcess]:
-    """Spawn one server process per replica of ``cfg``'s model and wait until each has bound its
-    gRPC port. ``host_replicas``: replica processes of every model on this host (0 = this model's),
-    among which CPU replicas share the cores.
-
-    Raises RuntimeError (after stopping the others) when a replica exits before binding, with the
-    replica's own one-line reason when it wrote one (server/main.py: ``PORT_FILE.error``).
-    """
+def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProcess]:
+    """Spawn one server process per replica of ``cfg``'s model and return at once (``address``
+    empty until ``await_bound``). ``host_replicas``: replica processes of every model on this host
+    (0 = this model's), among which CPU replicas share the cores. Several models spawn all their
+    replicas before waiting for any, so their start-ups (a replica's imports take seconds) overlap."""
     devices = replica_devices(cfg)
     tmp = Path(tempfile.mkdtemp(prefix="bouquet-"))
-    procs: list[tuple[subprocess.Popen[bytes], Path, str, str]] = []
+    out: list[ReplicaProcess] = []
     sharing = host_replicas or len(devices)
     cpu_threads = max(1, (os.cpu_count() or 1) // sharing)
     for i, dev in enumerate(devices):
@@ -81,22 +78,34 @@ def start_replicas(cfg: ServeConfig, startup_timeout_s: float = 120.0, host_repl
         ipc = str(tmp / f"replica{i}.sock") if cfg.transport == "auto" else ""
         if ipc:
             cmd += ["--ipc-path", ipc]
-        procs.append((subprocess.Popen(cmd, env=env), port_file, dev, ipc))
+        out.append(ReplicaProcess(subprocess.Popen(cmd, env=env), "", dev, ipc, port_file))
+    return out
+
+
+def await_bound(spawned: list[ReplicaProcess], startup_timeout_s: float = 120.0) -> list[ReplicaProcess]:
+    """Wait until each spawned replica has bound its gRPC port; returns them with their addresses.
+
+    Raises RuntimeError (after stopping them all) when a replica exits before binding, with the
+    replica's own one-line reason when it wrote one (server/main.py: ``PORT_FILE.error``).
+    """
     out: list[ReplicaProcess] = []
     deadline = time.monotonic() + startup_timeout_s
     try:
-        for proc, port_file, dev, ipc in procs:
-            while not port_file.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    reason = ReplicaProcess(proc, "", dev, port_file=port_file).error()
+        for r in spawned:
+            assert r.port_file is not None
+            while not r.port_file.exists():
+                if r.proc.poll() is not None or time.monotonic() > deadline:
+                    reason = r.error()
                     if reason:
-                        raise RuntimeError(f"server replica on {dev}: {reason}")
-                    what = f"exited (code {proc.returncode})" if proc.returncode is not None else f"did not bind within {startup_timeout_s:.0f} s"
-                    raise RuntimeError(f"server replica on {dev} {what} before binding its port")
+                        raise RuntimeError(f"server replica on {r.device}: {reason}")
+                    what = (f"exited (code {r.proc.returncode})" if r.proc.returncode is not None
+                            else f"did not bind within {startup_timeout_s:.0f} s")
+                    raise RuntimeError(f"server replica on {r.device} {what} before binding its port")
                 time.sleep(0.02)
-            out.append(ReplicaProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", dev, ipc, port_file))
+            out.append(ReplicaProcess(r.proc, f"127.0.0.1:{r.port_file.read_text().strip()}", r.device, r.ipc_path,
+                                      r.port_file))
     except BaseException:  # a replica failed, or a signal (serve: SystemExit) came while waiting
-        stop_replicas([ReplicaProcess(p, "", d, port_file=f) for p, f, d, _ in procs])
+        stop_replicas(spawned)
         raise
     return out
 
@@ -182,13 +191,18 @@ def serve(cfg: ServeConfig) -> int:
     groups: list[list[ReplicaProcess]] = []  # each model's replica processes
     group_models: list[str] = []  # which model each group serves (named in errors when several are served)
     gcfgs: list[ServeConfig] = []  # each model's config, its replicas' addresses filled in
+    spawned: list[list[ReplicaProcess]] = []  # each local model's replicas, spawned before any is awaited
     try:
+        for c in entries:
+            if not c.servers:
+                spawned.append(spawn_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+        pending = iter(spawned)
         for c, spec in zip(entries, specs):
             if c.servers:
                 addresses, paths = list(c.servers), [""] * len(c.servers)
             else:
                 try:
-                    groups.append(start_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+                    groups.append(await_bound(next(pending)))
                 except RuntimeError as e:
                     raise RuntimeError(f"{e} (model {c.model})" if len(entries) > 1 else str(e)) from None
                 group_models.append(c.model)
@@ -197,7 +211,7 @@ def serve(cfg: ServeConfig) -> int:
                      "Unix-socket IPC" if any(paths) else "gRPC")
             gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths)))
     except BaseException:
-        stop_replicas([r for g in groups for r in g])
+        stop_replicas([r for g in spawned for r in g])  # bound or not: await_bound's copies share the processes
         sock.close()
         raise
     replicas = [r for g in groups for r in g]

@@ -1,7 +1,8 @@
 """The replica's public gRPC API refuses malformed requests with INVALID_ARGUMENT and a message
 naming the field, before anything reaches the engine, and answers the next good request.
-(Found by a fresh-clone trial: a 3-byte ``input_ids`` was UNKNOWN, a token type id past the
-model's types reached the engine as an IndexError. A ``pool_skip`` covering a whole sequence is
+(Found by fresh-clone trials: a 3-byte ``input_ids`` was UNKNOWN, a token type id past the
+model's types reached the engine as an IndexError, an unknown priority and ``dimensions`` with
+``per_token`` were served without a word. A ``pool_skip`` covering a whole sequence is
 not an error: mean pooling then gives the zero vector sentence-transformers gives, CLS and last-token
 pooling ignore it.)"""
 from __future__ import annotations
@@ -41,6 +42,8 @@ GOOD = dict(input_ids=_i32(101, 7592, 2088, 102), lengths=_i32(4))
     (dict(GOOD, token_type_ids=_i32(0, 0, 7, 0)), r"token type id 7 is outside the model's token types \[0, 2\)"),
     (dict(GOOD, token_type_ids=_i32(0, -1, 0, 0)), "token type id -1"),
     (dict(GOOD, pool_skip=-1), "pool_skip must be >= 0"),
+    (dict(GOOD, priority=7), r"priority must be 0 \(auto\), 1 \(interactive\) or 2 \(batch\), got 7"),
+    (dict(GOOD, per_token=True, dimensions=10), "dimensions .* applies to pooled rows, not to per_token outputs"),
     (dict(input_ids=_i32(101, 30522), lengths=_i32(2)), r"token id 30522 is outside the vocabulary \[0, 30522\)"),
 ])
 def test_malformed_request_is_invalid_argument_and_the_next_one_works(replica, fields, message):

@@ -102,13 +102,15 @@ TEI_TOKENIZE_REQUEST = _obj({"inputs": _TEXTS, "add_special_tokens": _BOOL, "pro
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 TEI_TOKENIZE_RESPONSE = {"type": "array", "items": {"type": "array", "items": _obj(
     {"id": _INT, "text": _STR, "special": _BOOL, "start": _NULLABLE_INT, "stop": _NULLABLE_INT})}}
+_TEI_DIRECTION = {"type": "string", "enum": ["Left", "Right"]}  # any case is accepted (routes_tei._direction)
 TEI_DECODE_REQUEST = _obj({"ids": {"oneOf": [_TEXT_IDS, {"type": "array", "items": _TEXT_IDS, "minItems": 1}]},
                            "skip_special_tokens": _BOOL}, ["ids"])
 TEI_DECODE_RESPONSE = {"type": "array", "items": _STR}
 TEI_SIMILARITY_REQUEST = _obj({
     "inputs": _obj({"source_sentence": _TEXT, "sentences": _TEXTS}, ["source_sentence", "sentences"]),
     "parameters": {"type": ["object", "null"], "properties": {
-        "prompt_name": _STR, "truncate": _BOOL, "truncation_direction": {"type": "string"}, "long_input": _LONG}},
+        "prompt_name": _STR, "truncate": _BOOL, "truncation_direction": _TEI_DIRECTION,
+        "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]}}},
     "priority": _PRIORITY}, ["inputs"])
 TEI_SIMILARITY_RESPONSE = {"type": "array", "items": _NUM}
 TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {"type": "object"},

@@ -76,7 +76,7 @@ class _Connection(asyncio.Protocol):
             seqs, types = decode_sequences(ids, body[:4 * b], tts, svc.spec)
             dims = svc.check_dimensions(call.dimensions)
             self.live[call.id] = svc.submit(seqs, types, call.priority, lambda r: self._finish(call, dims, r),
-                                            per_token=call.per_token, pool_skip=call.pool_skip)
+                                            per_token=call.per_token, pool_skip=call.pool_skip, dimensions=dims)
         except RequestError as e:
             self._send(ipc.frame(ipc.EmbedReply(call.id, _STATUS.get(e.code.name, ipc.Status.INVALID_ARGUMENT), e.message)))
         except QueueFull as e:

@@ -139,7 +139,7 @@ class InferenceService:
         fut: asyncio.Future[None] = loop.create_future()
         try:
             req = self.submit(seqs, tts, request.priority, lambda r: fut.done() or fut.set_result(None),
-                              per_token=request.per_token, pool_skip=request.pool_skip)
+                              per_token=request.per_token, pool_skip=request.pool_skip, dimensions=dims)
         except QueueFull as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
             raise  # unreachable: abort raises
@@ -175,15 +175,25 @@ class InferenceService:
         return dimensions
 
     def submit(self, seqs: list[np.ndarray], tts: list[np.ndarray | None] | None, priority: int,
-               on_done: Callable[[Request], None], per_token: bool = False, pool_skip: int = 0) -> Request:
+               on_done: Callable[[Request], None], per_token: bool = False, pool_skip: int = 0,
+               dimensions: int | None = None) -> Request:
         """Queue one request's sequences (int32 arrays); ``on_done(request)`` is called on the event
         loop once its rows are in or it failed (``request.error``). ``priority`` is a
         ``bouquet.v1.Priority``; AUTO is decided by size. ``per_token``: the engine's token
         outputs (``step_tokens``), one row per token. ``pool_skip``: leading tokens of every
-        sequence (the prompt) left out of pooling. Raises QueueFull; RequestError when
-        ``pool_skip`` is negative."""
+        sequence (the prompt) left out of pooling; ``dimensions``: the Matryoshka size the caller
+        will ask ``output`` for (checked here against ``per_token``). Raises QueueFull; RequestError
+        (INVALID_ARGUMENT) when ``pool_skip`` is negative, for an unknown ``priority``, and for
+        ``dimensions`` with ``per_token``. A ``pool_skip`` covering a whole sequence is not an error
+        (mean pooling then gives sentence-transformers' zero vector)."""
         if pool_skip < 0:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"pool_skip must be >= 0, got {pool_skip}")
+        if priority not in (pb.PRIORITY_AUTO, pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BATCH):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"priority must be 0 (auto), 1 (interactive) or 2 (batch), got {priority}")
+        if per_token and dimensions:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               "dimensions (Matryoshka truncation) applies to pooled rows, not to per_token outputs")
         n_tokens = sum(len(s) for s in seqs)
         if priority == pb.PRIORITY_INTERACTIVE:
             prio = Priority.INTERACTIVE
