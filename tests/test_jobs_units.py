@@ -69,7 +69,7 @@ def test_missing_columns_and_unknown_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown input type"):
         discover(tmp_path / "x.docx")
     (tmp_path / "nulls.jsonl").write_text('{"text": "a"}\n{"text": null}\n')
-    with pytest.raises(InputError, match=r"row 2 \(counting from 1, header not counted\) has no 'text'"):
+    with pytest.raises(InputError, match=r"line 2 \(counting from 1\) has no 'text'"):  # JSONL has no header
         rows_of(tmp_path / "nulls.jsonl")
 
 

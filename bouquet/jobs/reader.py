@@ -234,7 +234,9 @@ def iter_file(f: InputFile, text_column: str, id_column: str | None, start: int)
             text = text.cast(pa.string())
         if text.null_count:
             bad = pc.index(pc.is_null(text), True).as_py()
-            raise InputError(f"{f.path}: row {pos - start + bad + 1} (counting from 1, header not counted) has no "
+            where = {"csv": "data row", "tsv": "data row", "jsonl": "line"}.get(f.fmt, "row")
+            counted = ", header not counted" if f.fmt in ("csv", "tsv") else ""
+            raise InputError(f"{f.path}: {where} {pos - start + bad + 1} (counting from 1{counted}) has no "
                              f"{text_column!r} value")
         if id_column:
             ids = _normalize_ids(table.column(id_column).combine_chunks(), f)
