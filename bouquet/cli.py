@@ -349,6 +349,9 @@ def embed(
     except (ValueError, ImportError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2 if isinstance(e, ValueError) else 1) from None
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: the finished shards stay in {output}; the same command resumes from them", err=True)
+        raise typer.Exit(130) from None
     # The Ray path does not count tokens (they stay inside the actors): say so rather than print 0.
     tokens = f"{stats.tokens} tokens" if stats.tokens else "tokens not counted"
     tok_rate = f"{stats.tokens_per_s:,.0f} tokens/s" if stats.tokens else "tokens/s n/a"

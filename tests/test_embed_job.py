@@ -154,6 +154,23 @@ def test_sigkill_mid_run_then_resume_gives_the_same_rows(stsb_input: Path, stsb_
     assert bad.returncode == 2 and "shard_rows" in bad.stderr
 
 
+def test_ctrl_c_says_how_to_resume(stsb_input: Path, tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) mid-run: exit 130 with one line saying the finished shards stay and the same
+    command resumes (a fresh-clone trial found the job ending silently)."""
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(embed_cmd(str(stsb_input), "--output", str(out), "--device", "cpu", "--shard-rows", "500"),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    manifest = out / MANIFEST
+    deadline = time.monotonic() + 240
+    while not (manifest.exists() and json.loads(manifest.read_text())["done"]):
+        assert proc.poll() is None and time.monotonic() < deadline, "no shard finished before the job ended"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-1000:]
+    assert f"interrupted: the finished shards stay in {out}; the same command resumes" in err.decode(), err.decode()[-1000:]
+
+
 def test_a_model_the_engine_refuses_leaves_the_output_folder_unwritten(tmp_path: Path) -> None:
     """The engine loads before the job writes anything: a refused model (here fp8 for an architecture
     without an fp8 path) leaves no manifest, so the same --output takes the corrected command."""
