@@ -54,12 +54,13 @@ class Gateway:
                            "model", "model_not_found")
 
     async def run_tokenizer(self, fn: Any, *args: Any) -> Any:
-        """Run a tokenizer call inline when ``args[0]`` is small, else on the tokenizer threads;
-        the time taken is recorded in the tokenization histogram."""
+        """Run a tokenizer call inline when ``args[0]`` is small (texts, pairs of texts or token-id
+        lists: characters or ids in all), else on the tokenizer threads; the time taken is recorded
+        in the tokenization histogram."""
         t0 = time.perf_counter()
         try:
             items = args[0] if args and isinstance(args[0], list) else []
-            if sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in items) <= INLINE_TOKENIZE_CHARS:
+            if sum(map(_size, items)) <= INLINE_TOKENIZE_CHARS:
                 return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         finally:
@@ -128,6 +129,13 @@ class Gateway:
             raise bad_request(str(e), "prompt", "invalid_value") from None
         except KeyError as e:
             raise bad_request(str(e.args[0]), "prompt_name", "invalid_value") from None
+
+
+def _size(item: Any) -> int:
+    """Characters of a text or of a pair of texts; ids of a token-id list."""
+    if isinstance(item, str) or (len(item) and not isinstance(item[0], str)):
+        return len(item)
+    return sum(map(len, item))
 
 
 def item_param(param: str, inputs: TextInputs, index: int) -> str:

@@ -8,7 +8,6 @@ to false), and invalid input is 400 (TEI uses 413/422 for some validation errors
 """
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -25,8 +24,6 @@ from bouquet.gateway.routes_scoring import common_options, parse_query, parse_te
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import score_pairs
 from bouquet.tokenization import BadTokenId, token_spans
-
-INLINE_DECODE_IDS = 4096  # a /decode call with more ids than this runs on the tokenizer threads
 
 
 def _direction(body: dict[str, Any]) -> str:
@@ -118,10 +115,7 @@ async def decode_route(gw: Gateway, body: dict[str, Any]) -> Response:
     seqs: list[list[int]] = inputs.token_ids or []  # type: ignore[assignment]
     skip = opt_bool(body, "skip_special_tokens") is not False
     try:
-        if sum(map(len, seqs)) <= INLINE_DECODE_IDS:
-            texts = gw.tokenizer.decode(seqs, skip)
-        else:
-            texts = await asyncio.get_running_loop().run_in_executor(gw.executor, gw.tokenizer.decode, seqs, skip)
+        texts = await gw.run_tokenizer(gw.tokenizer.decode, seqs, skip)
     except BadTokenId as e:
         where = item_param("ids", inputs, e.index)
         raise bad_request(f"{where} {e.detail}", where, "invalid_token_id") from None
