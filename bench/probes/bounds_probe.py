@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--models-root", default="/tmp/bench-models")
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--small", action="store_true", help="the batch-1 and benchmark-2 cases instead")
+    ap.add_argument("--kernels", action="store_true", help="also each engine step's top kernels (torch.profiler)")
+    ap.add_argument("--cases", nargs="+", default=None, help="only these cases (e.g. L512 L1024)")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     mixed = [int(n) for n in rng.integers(16, 513, size=a.batch)]
@@ -153,6 +155,8 @@ def main() -> None:
         shapes = linears(cfg, shape.gated)
         vocab = min(spec.vocab_size, 30000)
         for case, lengths in cases[name].items():
+            if a.cases and case not in a.cases:
+                continue
             T = sum(lengths)
             row: dict = {"model": name, "case": case, "tokens": T, "seqs": len(lengths), "fp8_kinds": list(kinds)}
             for tag, fp8 in (("gemm_bf16", ()), ("gemm_fp8_shipped", kinds), ("gemm_fp8_all", tuple(shapes))):
@@ -168,6 +172,9 @@ def main() -> None:
                 for tag, eng in engines.items():
                     row[f"engine_{tag}_ms"] = round(eager_ms(lambda: eng.forward(batch)), 3)
                     row[f"emb_s_engine_{tag}"] = round(1000 * len(lengths) / row[f"engine_{tag}_ms"], 1)
+                    if a.kernels:
+                        from bench.probes.profile_gpu import kernel_table
+                        row[f"engine_{tag}_kernels"] = kernel_table(lambda: eng.forward(batch), top=14)
             print(json.dumps(row), flush=True)
             res.append(row)
             torch.cuda.empty_cache()
