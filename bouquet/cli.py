@@ -33,10 +33,6 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
     """bouquet: serve embedding and reranking models (gateway → gRPC replicas → packed engine)."""
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"BOUQUET_{name}", default)
-
-
 def _default(name: str) -> Any:
     """ServeConfig's default for field ``name``: CLI defaults are the config's, never restated."""
     return _FIELDS[name].default
@@ -49,8 +45,9 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
 # to both commands, which receive them as one dict of config fields.
 _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "model": (list[str], "models", typer.Option(
-        [m for m in [_env("MODEL")] if m], metavar="DIR|ORG/NAME", help="Model directory or Hugging Face id (default: the embedded "
-        "all-MiniLM-L6-v2). `serve` only: repeat to serve several models behind one endpoint, each with its own replicas.")),
+        [], metavar="DIR|ORG/NAME", envvar="BOUQUET_MODEL", help="Model directory or Hugging Face id (default: the embedded "
+        "all-MiniLM-L6-v2). `serve` only: repeat to serve several models behind one endpoint, each with its own replicas "
+        "(in $BOUQUET_MODEL: separated by spaces).")),
     "revision": (Optional[str], "revision", typer.Option(
         _default("revision"), help="Branch, tag or commit of a Hugging Face --model (same as --model ORG/NAME@REVISION).")),
     "allow_pickle": (bool, "allow_pickle", typer.Option(
@@ -137,10 +134,10 @@ def serve(
     replica: dict[str, Any],
     served_model_name: list[str] = typer.Option([], metavar="NAME", help="Public model name(s); repeatable. One model: its names, the "
                                                 "first being the id in replies. Several --model: one name per model, in order."),
-    host: str = typer.Option(_env("HOST", _default("host")), help="Gateway bind address."),
-    port: int = typer.Option(int(_env("PORT") or _default("port")), help="Gateway HTTP port."),
+    host: str = typer.Option(_default("host"), envvar="BOUQUET_HOST", help="Gateway bind address."),
+    port: int = typer.Option(_default("port"), envvar="BOUQUET_PORT", help="Gateway HTTP port."),
     grpc_port: int = typer.Option(_default("grpc_port"), help="First replica's gRPC port (0 = pick free ports)."),
-    device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda"),
+    device: str = typer.Option(_default("device"), envvar="BOUQUET_DEVICE", help="auto | cpu | cuda"),
     replicas: int = typer.Option(_default("replicas"), help="Server processes to start (CPU)."),
     gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU (see --replicas-per-gpu)."),
     replicas_per_gpu: int = typer.Option(_default("replicas_per_gpu"), help="Replica processes sharing each GPU (or "
@@ -158,7 +155,9 @@ def serve(
                                              "connections after this many seconds (keep it above your clients' idle expiry)."),
     drain_timeout: float = typer.Option(_default("drain_timeout"), help="On SIGTERM, seconds that requests in flight "
                                         "get to finish (new ones are answered 503); those still running then get 503 too."),
-    api_key: Optional[str] = typer.Option(_env("API_KEY"), show_default=False,  # a secret: never printed
+    # read here, not through click's envvar: click takes an empty variable for an unset one, and an
+    # empty key (a secret that did not mount) must be refused, not serve without authentication
+    api_key: Optional[str] = typer.Option(None, show_default=False,  # a secret: never printed
                                           help="Require 'Authorization: Bearer KEY' (all routes but /health); "
                                                "default: $BOUQUET_API_KEY (preferred: command lines are public)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
@@ -167,6 +166,8 @@ def serve(
                                                 "allowed to call the API: answers CORS preflights. Repeatable; off by default."),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
+    if api_key is None:
+        api_key = os.environ.get("BOUQUET_API_KEY")
     try:
         gpu_list = tuple(int(g) for g in gpus.split(",") if g.strip())
     except ValueError:
@@ -367,7 +368,7 @@ def server_cmd(
                              "(the gRPC port has no authentication: keep it on a private network)."),
     port: int = typer.Option(50051, help="gRPC port."),
     served_model_name: list[str] = typer.Option([], metavar="NAME", help="Public model name(s); must match the gateway's."),
-    device: str = typer.Option(_env("DEVICE", _default("device")), help="auto | cpu | cuda | cuda:N"),
+    device: str = typer.Option(_default("device"), envvar="BOUQUET_DEVICE", help="auto | cpu | cuda | cuda:N"),
 ) -> None:
     """Run ONE server replica (gRPC) on HOST:PORT for gateways elsewhere (`bouquet serve --server HOST:PORT`)."""
     if replica["models"]:

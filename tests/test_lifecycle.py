@@ -131,3 +131,21 @@ def test_cuda_without_gpu_is_one_line(tmp_path):
     assert last_line(out) == "error: server replica on cuda: cuda was requested (--device cuda or --gpus) but torch sees no CUDA device", out
     assert "Traceback" not in out, out
     assert list(tmp_path.glob("bouquet-*/")) == []
+
+
+def test_bad_environment_value_is_a_usage_error(tmp_path):
+    # BOUQUET_PORT / _HOST / _DEVICE / _MODEL are read when a command parses its options (click's
+    # envvar), not at import: a bad value fails that command with the option's name and exit code 2,
+    # and other commands (--help, --version) are untouched.
+    env = {"BOUQUET_PORT": "abc", "TMPDIR": str(tmp_path)}
+    code, out = serve_fails(env=env)
+    assert code == 2 and "Traceback" not in out, out
+    assert "Invalid value for '--port' (env var: 'BOUQUET_PORT')" in out, out
+    for args in (["--version"], ["serve", "--help"], ["embed", "--help"]):
+        done = subprocess.run([sys.executable, "-m", "bouquet", *args], capture_output=True, text=True, timeout=60,
+                              cwd=REPO, env={**os.environ, **env})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    shown = subprocess.run([sys.executable, "-m", "bouquet", "serve", "--help"], capture_output=True, text=True,
+                           timeout=60, cwd=REPO).stdout
+    for name in ("BOUQUET_HOST", "BOUQUET_PORT", "BOUQUET_DEVICE", "BOUQUET_MODEL", "BOUQUET_API_KEY"):
+        assert name in " ".join(shown.split()), name
