@@ -103,7 +103,8 @@ def test_scoring_errors(cross_server):
         ("/v1/rerank", {"query": "q", "documents": ["a", 7]}, "documents[1]"),
         ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
         ("/v1/rerank", {"query": "word " * 200, "documents": ["a"]}, "query"),  # the query is never truncated
-        ("/v1/rerank", {"query": "q", "documents": [DOCS[-1]], "truncate": False}, "documents"),
+        ("/v1/rerank", {"query": "q", "documents": [DOCS[-1]], "truncate": False}, "documents[0]"),
+        ("/v1/score", {"text_1": "q", "text_2": ["a", DOCS[-1]], "truncate": False}, "text_2[1]"),
         ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
         ("/v1/score", {"text_1": [[101, 102]], "text_2": "x"}, "text_1"),
     ]
@@ -142,5 +143,28 @@ def test_bi_encoder_long_query_error_names_the_query(minilm_server):
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["param"] == "query" and err["code"] == "context_length_exceeded"
-        assert err["message"].startswith("a query has 402 tokens") and "queries are never truncated" in err["message"], err
+        assert err["message"].startswith("query has 402 tokens") and "queries are never truncated" in err["message"], err
     assert post(minilm_server, "/v1/rerank", {"query": "q", "documents": ["a" * 5000]}).status_code == 200
+
+
+def test_bi_encoder_long_input_errors_name_the_request_field(minilm_server):
+    # `param` (and the message's start) is the field of the request at fault, with its position,
+    # counted in the request (texts sent more than once are embedded once: the first one is named).
+    long = "word " * 400  # 402 tokens with [CLS] / [SEP], over the model's 256
+    cases = [
+        ("/v1/rerank", {"query": "q", "documents": ["ok", long, long], "truncate": False}, "documents[1]"),
+        ("/v1/rerank", {"query": "q", "documents": ["ok", "ok", long], "truncate": False}, "documents[2]"),
+        ("/v1/score", {"text_1": "q", "text_2": ["ok", long], "truncate": False}, "text_2[1]"),
+        ("/v1/score", {"text_1": ["a", long], "text_2": ["b", "c"]}, "text_1[1]"),
+        ("/v1/score", {"text_1": long, "text_2": ["b", "c"]}, "text_1"),
+        ("/v1/score", {"text_1": ["a", "b"], "text_2": long, "truncate": False}, "text_2"),
+    ]
+    for route, body, where in cases:
+        r = post(minilm_server, route, body)
+        assert r.status_code == 400, (route, body, r.text)
+        err = r.json()["error"]
+        assert err["param"] == where and err["code"] == "context_length_exceeded", (where, err)
+        assert err["message"].startswith(f"{where} has 402 tokens"), (where, err)
+    r = post(minilm_server, "/rerank", {"query": "q", "texts": ["ok", long], "truncate": False})  # TEI's shape
+    assert r.status_code == 400 and r.json()["error"].startswith("texts[1] has 402 tokens"), r.text
+    assert post(minilm_server, "/v1/score", {"text_1": "q", "text_2": ["ok"]}).status_code == 200  # still serving

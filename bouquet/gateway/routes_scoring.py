@@ -16,7 +16,7 @@ from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request, json_type
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import opt_bool, opt_int, opt_str, parse_inputs
-from bouquet.gateway.scoring import score_pairs
+from bouquet.gateway.scoring import PairFields, score_pairs
 
 
 def parse_texts(value: Any, param: str, max_inputs: int) -> list[str]:
@@ -92,7 +92,8 @@ async def score_route(gw: Gateway, body: dict[str, Any]) -> Response:
     if len(t1) != len(t2):
         raise bad_request(f"'text_1' has {len(t1)} items and 'text_2' {len(t2)}; send one text_1, or lists of "
                           "equal length", "text_2", "invalid_value")
-    s = await score_pairs(gw, t1, t2, **common_options(gw, body))
+    fields = PairFields("text_1", isinstance(body.get("text_1"), list), "text_2", isinstance(body.get("text_2"), list))
+    s = await score_pairs(gw, t1, t2, **common_options(gw, body), fields=fields)
     data = [{"index": i, "object": "score", "score": float(v)} for i, v in enumerate(s.values)]
     return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                           "model": gw.public_id, "data": data,

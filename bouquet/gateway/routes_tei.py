@@ -22,7 +22,7 @@ from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
-from bouquet.gateway.scoring import score_pairs
+from bouquet.gateway.scoring import PairFields, score_pairs
 from bouquet.tokenization import BadTokenId, token_spans
 
 
@@ -129,7 +129,8 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     texts = parse_texts(body.get("texts"), "texts", gw.cfg.max_inputs)
     return_text = bool(opt_bool(body, "return_text"))
     _direction(body)  # validated; documents are always cut at their end (TEI truncates the pair)
-    s = await score_pairs(gw, [query] * len(texts), texts, **common_options(gw, body))
+    s = await score_pairs(gw, [query] * len(texts), texts, **common_options(gw, body),
+                          fields=PairFields(docs="texts"))
     out = []
     for i in ranked(s.values, None):
         item: dict[str, Any] = {"index": i, "score": float(s.values[i])}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,6 +30,23 @@ from bouquet.gateway.inputs import TextInputs
 from bouquet.gateway.pipeline import embed
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.tokenization import TooLong
+
+
+@dataclass(frozen=True)
+class PairFields:
+    """The request fields that hold each side of the pairs, so errors name them in ``param``: a
+    list side's item i is pair i (``documents[3]``), a one-text side is named bare (``query``)."""
+
+    query: str = "query"
+    query_list: bool = False
+    docs: str = "documents"
+    docs_list: bool = True
+
+    def query_at(self, i: int) -> str:
+        return f"{self.query}[{i}]" if self.query_list else self.query
+
+    def doc_at(self, i: int) -> str:
+        return f"{self.docs}[{i}]" if self.docs_list else self.docs
 
 
 @dataclass(frozen=True)
@@ -44,14 +61,16 @@ def score_kind(gw: Gateway) -> str:
 
 
 async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: bool = False, truncate: bool = True,
-                      instruction: str | None = None, priority: int = pb.PRIORITY_AUTO) -> Scores:
-    """Score pair i = (queries[i], docs[i]). Raises APIError (400 for inputs that cannot fit)."""
+                      instruction: str | None = None, priority: int = pb.PRIORITY_AUTO,
+                      fields: PairFields = PairFields()) -> Scores:
+    """Score pair i = (queries[i], docs[i]). Raises APIError (400 for inputs that cannot fit, its
+    ``param`` the request field of ``fields`` at fault)."""
     if gw.spec.task == "embed":
-        return await _cosine(gw, queries, docs, truncate, priority)
+        return await _cosine(gw, queries, docs, truncate, priority, fields)
     template = gw.spec.pair_template  # set by modelspec for causal-LM rerankers (Qwen3-Reranker)
     if template:
         instr = instruction or gw.spec.default_instruction or ""
-        texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate)
+        texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate, fields)
         logits = await gw.infer(texts, None, None, None, priority)
         col = logits[:, 0].astype(np.float64)
         return Scores(col if raw else _sigmoid(col), int(sum(len(t) for t in texts)))
@@ -61,11 +80,12 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
     try:
         enc = await gw.run_tokenizer(gw.tokenizer.encode_pairs, list(zip(queries, docs)), "right", truncate)
     except TooLong as e:
-        raise bad_request(f"pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
-                          "(truncation is off)", "documents", "context_length_exceeded") from None
+        where = fields.doc_at(e.index)
+        raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
+                          "(truncation is off)", where, "context_length_exceeded") from None
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception when the query leaves no room
-        raise bad_request(f"the query does not fit the model's {gw.spec.max_seq_length} tokens with any document: {e}",
-                          "query", "context_length_exceeded") from None
+        raise bad_request(f"{fields.query}: the query does not fit the model's {gw.spec.max_seq_length} tokens with "
+                          f"any document: {e}", fields.query, "context_length_exceeded") from None
     logits = (await gw.infer(enc.ids, enc.type_ids, None, None, priority)).astype(np.float64)  # [N, num_labels]
     if raw:
         return Scores(logits[:, -1], enc.num_tokens)
@@ -80,7 +100,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, instruction: str,
-               truncate: bool) -> list[np.ndarray]:
+               truncate: bool, fields: PairFields) -> list[np.ndarray]:
     """Fill the template per pair and tokenize it (no special tokens: the template has them).
     An over-long pair is re-built with the document cut at a token boundary until it fits."""
     tok, limit = gw.tokenizer, gw.tokenizer.max_len
@@ -92,12 +112,14 @@ def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, 
         ids = enc.ids
         if len(ids) > limit:
             if not truncate:
-                raise bad_request(f"pair {i} has {len(ids)} tokens, more than the model's maximum of {limit} "
-                                  "(truncation is off)", "documents", "context_length_exceeded")
+                where = fields.doc_at(i)
+                raise bad_request(f"{where}: pair {i} has {len(ids)} tokens, more than the model's maximum of {limit} "
+                                  "(truncation is off)", where, "context_length_exceeded")
             ids = _cut_document(tok, heads[i], docs[i], tail, limit, len(ids) - limit)
             if ids is None:
-                raise bad_request(f"the query of pair {i} does not fit the model's {limit} tokens with any document",
-                                  "query", "context_length_exceeded")
+                where = fields.query_at(i)
+                raise bad_request(f"{where}: the query of pair {i} does not fit the model's {limit} tokens with any "
+                                  "document", where, "context_length_exceeded")
         out.append(tok.finish(ids))
     return out
 
@@ -113,20 +135,34 @@ def _cut_document(tok: Any, head: str, doc: str, tail: str, limit: int, excess: 
     return None
 
 
-async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bool, priority: int) -> Scores:
+def _renamed(e: APIError, texts: list[str], unique: list[str], at: Callable[[int], str]) -> APIError:
+    """``e`` from embedding ``unique`` (the distinct texts, param ``input[k]``) naming the request
+    field instead: the first pair whose text is unique[k] (``at`` gives its field)."""
+    m = re.fullmatch(r"input(?:\[(\d+)\])?", e.param or "")
+    if m is None:
+        return e
+    where = at(texts.index(unique[int(m.group(1) or 0)]))
+    e.param = where
+    e.message = re.sub(r"^input(\[\d+\])?", lambda _: where, e.message)
+    return e
+
+
+async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bool, priority: int,
+                  fields: PairFields) -> Scores:
     prompts = gw.spec.prompts
     uq, ud = list(dict.fromkeys(queries)), list(dict.fromkeys(docs))
     # The query side is never truncated (a too-long query is an error); documents follow `truncate`.
     try:
         q = await embed(gw, TextInputs(uq, None, False), "error", "right", prompts.get("query"), True, None, priority)
     except APIError as e:
-        e.param = "query"  # the query side is text_1 / query, never the embeddings route's 'input'
         if e.code == "context_length_exceeded":  # worded for the query, whatever `truncate` says
-            e.message = re.sub(r"^input(\[\d+\])? has", "a query has", e.message).replace(
-                "(truncation is off)", "(queries are never truncated; shorten it)")
-        raise
-    d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", "right",
-                    prompts.get("document", prompts.get("passage")), True, None, priority)
+            e.message = e.message.replace("(truncation is off)", "(queries are never truncated; shorten it)")
+        raise _renamed(e, queries, uq, fields.query_at) from None
+    try:
+        d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", "right",
+                        prompts.get("document", prompts.get("passage")), True, None, priority)
+    except APIError as e:
+        raise _renamed(e, docs, ud, fields.doc_at) from None
     qi = {t: i for i, t in enumerate(uq)}
     di = {t: i for i, t in enumerate(ud)}
     qv = q.vectors[[qi[t] for t in queries]].astype(np.float64)
