@@ -43,7 +43,8 @@ def custom_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def custom_server(custom_dir):
-    srv = BouquetProcess("--model", str(custom_dir), "--served-model-name", "custom", "--api-key", KEY,
+    srv = BouquetProcess("--model", str(custom_dir), "--served-model-name", "custom", "--served-model-name", "custom-2",
+                         "--api-key", KEY,
                          "--no-truncate", "--max-inputs", "8", "--max-request-bytes", "4096",
                          "--cors-allow-origin", ORIGIN)
     yield srv
@@ -57,6 +58,13 @@ def post(srv, path: str, body: dict, headers: dict | None = AUTH) -> httpx.Respo
 def vecs(r: httpx.Response) -> np.ndarray:
     assert r.status_code == 200, r.text
     return np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+
+
+def test_unknown_model_names_every_served_name(custom_server):
+    assert post(custom_server, "/v1/embeddings", {"input": "x", "model": "custom-2"}).status_code == 200
+    r = post(custom_server, "/v1/embeddings", {"input": "x", "model": "gpt-4"})
+    assert r.status_code == 404 and r.json()["error"]["message"].endswith(
+        "this server serves 'custom' (also named 'custom-2')"), r.text
 
 
 def test_api_key(custom_server):
@@ -221,6 +229,12 @@ def test_openapi_and_json_404_405(minilm_server):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.get(minilm_server.url + "/nothing")
     assert r.status_code == 404 and set(r.json()) == {"error", "error_type"}
+    # a trailing slash is a JSON 404 naming the route, not Starlette's empty 307 redirect
+    r = httpx.post(minilm_server.url + "/v1/embeddings/", json={"input": "x"}, headers={"host": "elsewhere"})
+    assert r.status_code == 404 and "location" not in r.headers, (r.status_code, r.headers)
+    assert r.json()["error"]["message"].endswith("the route is /v1/embeddings (no trailing slash)"), r.text
+    r = httpx.get(minilm_server.url + "/health/")
+    assert r.status_code == 404 and set(r.json()) == {"error", "error_type"}, r.text
     r = httpx.get(minilm_server.url + "/v1/embeddings")
     assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["code"] == "method_not_allowed"
     r = httpx.post(minilm_server.url + "/health")

@@ -85,7 +85,9 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
         finally:
             metrics.forget_process(launcher_alive=parent_alive())
 
-    api = FastAPI(title="bouquet", version=routes_openai.VERSION, lifespan=lifespan,
+    # redirect_slashes off: Starlette would answer "/v1/embeddings/" with an empty 307 whose Location
+    # is built from the client's Host header; a JSON 404 that names the route is what clients can use
+    api = FastAPI(title="bouquet", version=routes_openai.VERSION, lifespan=lifespan, redirect_slashes=False,
                   description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
 
     @api.exception_handler(StarletteHTTPException)
@@ -93,6 +95,9 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
         # Unknown routes (404) and wrong methods (405) answer JSON in the family's shape, not HTML.
         if exc.status_code == 404:
             msg = f"no route {request.method} {request.url.path}; see /openapi.json"
+            bare = request.url.path.rstrip("/")
+            if bare != request.url.path and any(getattr(r, "path", None) == bare for r in api.routes):
+                msg = f"no route {request.method} {request.url.path}: the route is {bare} (no trailing slash)"
         elif exc.status_code == 405:
             msg = f"method {request.method} is not allowed on {request.url.path}"
         else:

@@ -50,7 +50,9 @@ class Gateway:
         if not isinstance(model, str):
             raise bad_request(f"'model' must be a string, got {json_type(model)}", "model", "invalid_type")
         if model not in self.names:
-            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'",
+            aliases = sorted(self.names - {self.public_id})
+            also = f" (also named {', '.join(repr(a) for a in aliases)})" if aliases else ""
+            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'{also}",
                            "model", "model_not_found")
 
     async def run_tokenizer(self, fn: Any, *args: Any) -> Any:
