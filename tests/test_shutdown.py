@@ -20,8 +20,18 @@ def cancelled(srv: BouquetProcess) -> int:
     return sum(r.get("cancelled_sequences") or 0 for r in httpx.get(srv.url + "/health", timeout=10).json()["replicas"])
 
 
+def closed_count(srv: BouquetProcess) -> float:
+    """bouquet_http_requests_total for POST /v1/embeddings with status 499 (client closed request)."""
+    for line in httpx.get(srv.url + "/metrics", timeout=10).text.splitlines():
+        if (line.startswith("bouquet_http_requests_total{") and 'route="/v1/embeddings"' in line
+                and 'method="POST"' in line and 'status="499"' in line):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_client_disconnect_server_keeps_serving(minilm_server):
     before = cancelled(minilm_server)
+    closed = closed_count(minilm_server)
     for _ in range(3):
         with pytest.raises(httpx.TimeoutException):  # the client gives up and closes its connection
             httpx.post(minilm_server.url + "/v1/embeddings", json={"input": BIG}, timeout=httpx.Timeout(60, read=0.3))
@@ -33,6 +43,10 @@ def test_client_disconnect_server_keeps_serving(minilm_server):
     while cancelled(minilm_server) <= before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert cancelled(minilm_server) > before
+    # ... the requests are counted, as status 499 (nothing was sent: the client had gone) ...
+    while closed_count(minilm_server) < closed + 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert closed_count(minilm_server) == closed + 3
     # ... and the small request did not wait behind 3 × 16k abandoned tokens (minutes on a busy CPU).
     assert time.monotonic() - t0 < 60
 

@@ -47,6 +47,11 @@ ItemRoute = Callable[[Catalog, str], Awaitable[Response]]  # GET PREFIX{item}: t
 OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers, probes)
 
 
+# status recorded for a request whose client disconnected before the answer (nginx's 499, "client
+# closed request"): nothing is sent, but the request is counted in bouquet_http_requests_total
+CLIENT_CLOSED = 499
+
+
 @dataclass(frozen=True)
 class Routes:
     """What the front serves itself: POST routes take the model's Gateway and the parsed JSON body,
@@ -189,12 +194,14 @@ class Front:
             response = await route(gw, obj)
         except APIError as e:
             response = e.response_for(path)
-        except ClientDisconnect:
-            return  # gone before its body arrived: no one to answer
+        except ClientDisconnect:  # gone before its body arrived: no one to answer
+            self._observe(path, "POST", CLIENT_CLOSED, t0)
+            return
         except asyncio.CancelledError:
             drain = self.drain
-            if watch.cancelled:
+            if watch.cancelled:  # the client went away while its request ran: counted, not answered
                 task.uncancel()
+                self._observe(path, "POST", CLIENT_CLOSED, t0)
                 return
             if drain is None or not drain.expired:
                 raise
