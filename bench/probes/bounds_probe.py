@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from bench.probes.probe_kernels import gpu_ms
 from bouquet.bench.models import SHAPES, make_model_dir
 from bouquet.engine.attention import VarlenBackend
 from bouquet.engine.batch import Batch
@@ -48,29 +49,11 @@ def graph_ms(fn: Callable[[], None], reps: int = 10) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    for _ in range(3):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    b.synchronize()
-    del g
-    return a.elapsed_time(b) / reps
+    return gpu_ms(g.replay, reps)
 
 
 def eager_ms(fn: Callable[[], object], reps: int = 3) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / reps
+    return gpu_ms(fn, reps)
 
 
 def dims(cfg: dict) -> dict[str, int]:

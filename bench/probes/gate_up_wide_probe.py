@@ -57,22 +57,16 @@ def _store(acc, o_desc, pm, pn, BM: tl.constexpr, BN: tl.constexpr, ACT: tl.cons
 
 
 @triton.jit(do_not_specialize=["M"])
-def gate_up_il_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+def gate_up_wide_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, THREE_D: tl.constexpr):
+    # THREE_D: w_desc is the weight as it is, viewed [2, I, K] (box [2, BN, BK]); else the interleaved copy
     pm, pn = _tile(tl.program_id(0), M, I, BM, BN, GROUP_M)
     acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
     for k in range(0, K, BK):
-        acc = tl.dot(x_desc.load([pm * BM, k]), w_desc.load([pn * 2 * BN, k]).T, acc)
-    _store(acc, o_desc, pm, pn, BM, BN, ACT)
-
-
-@triton.jit(do_not_specialize=["M"])
-def gate_up_w3_kernel(x_desc, w_desc, o_desc, M, I, K: tl.constexpr, ACT: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    pm, pn = _tile(tl.program_id(0), M, I, BM, BN, GROUP_M)
-    acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
-    for k in range(0, K, BK):
-        w = w_desc.load([0, pn * BN, k]).reshape(2 * BN, BK)
+        if THREE_D:
+            w = w_desc.load([0, pn * BN, k]).reshape(2 * BN, BK)
+        else:
+            w = w_desc.load([pn * 2 * BN, k])
         acc = tl.dot(x_desc.load([pm * BM, k]), w.T, acc)
     _store(acc, o_desc, pm, pn, BM, BN, ACT)
 
@@ -91,13 +85,11 @@ def launch(kind: str, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: 
     od = TensorDescriptor.from_tensor(out, [bm, bn])
     if kind == "il":
         wd = TensorDescriptor.from_tensor(w, [2 * bn, bk])
-        fn = gate_up_il_kernel
     else:
         wd = TensorDescriptor.from_tensor(w.view(2, I, K), [2, bn, bk])
-        fn = gate_up_w3_kernel
     grid = (triton.cdiv(T, bm) * triton.cdiv(I, bn),)
-    fn[grid](xd, wd, od, T, I, K, ACT=1, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["G"], num_warps=cfg["warps"],
-             num_stages=cfg["stages"])
+    gate_up_wide_kernel[grid](xd, wd, od, T, I, K, ACT=1, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["G"], THREE_D=kind == "w3",
+                              num_warps=cfg["warps"], num_stages=cfg["stages"])
 
 
 CONFIGS = [dict(BM=128, BN=128, BK=64, G=8, warps=8, stages=3), dict(BM=128, BN=128, BK=64, G=8, warps=8, stages=4),
