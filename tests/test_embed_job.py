@@ -214,3 +214,20 @@ def test_streaming_20k_rows_stays_under_a_fixed_memory_bound(tmp_path: Path) -> 
     # Model + torch + tokenizer ≈ 450 MiB on CPU; the bound leaves room for allocator noise but not
     # for holding the input, its tokens or its vectors.
     assert res["peak_rss_mb"] < 800, res
+
+
+def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None:
+    """An output folder inside the input folder (named like any other) holds the job's own shards:
+    the re-run must not take them for input (the input fingerprint would change and the resume be
+    refused); hidden and '_' folders (``.git/``) are skipped as hidden files are."""
+    inp = tmp_path / "docs"
+    (inp / ".git").mkdir(parents=True)
+    (inp / "a.jsonl").write_text("".join(json.dumps({"id": str(i), "text": f"sentence {i}"}) + "\n" for i in range(12)))
+    (inp / ".git" / "x.jsonl").write_text(json.dumps({"id": "x", "text": "not input"}) + "\n")
+    out = inp / "vectors"
+    args = (str(inp), "--output", str(out), "--device", "cpu")
+    run_embed(*args)
+    first = json.loads((out / MANIFEST).read_text())
+    assert first["complete"] and first["rows"] == 12, first
+    again = run_embed(*args)  # the same command: a finished job, not "the input changed"
+    assert json.loads((out / MANIFEST).read_text())["rows"] == 12, again.stderr[-1500:]

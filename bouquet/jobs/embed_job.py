@@ -234,7 +234,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     spec = load_spec(cfg.model) if engine is None else engine.spec
     if spec.task != "embed":
         raise ValueError(f"{spec.model_id} is a scoring model; `bouquet embed` needs an embedding model")
-    files = discover(cfg.input)
+    files = discover(cfg.input, exclude=cfg.output)
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
     device = engine.device if engine is not None else resolve_device(cfg.device)
     compute_dtype = str(engine.dtype if engine is not None else resolve_dtype(cfg.dtype, device)).removeprefix("torch.")

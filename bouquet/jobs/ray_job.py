@@ -98,7 +98,7 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
     except ImportError as e:
         raise ImportError("--ray needs Ray Data: pip install 'bouquet[ray]'") from e
     cfg = cfg.validate()
-    files = discover(cfg.input)
+    files = discover(cfg.input, exclude=cfg.output)
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
     out = Path(cfg.output)
     if out.exists() and any(out.iterdir()):

@@ -59,11 +59,12 @@ class RowChunk:
         return self.start + len(self.texts)
 
 
-def discover(path: str | Path) -> list[InputFile]:
+def discover(path: str | Path, exclude: str | Path | None = None) -> list[InputFile]:
     """A file, or the supported files of a folder (recursively, sorted by relative path).
 
-    Hidden files and those starting with '_' are ignored. Raises InputError when nothing is found
-    or a single file has an unknown suffix.
+    Hidden files and folders and those starting with '_' are ignored (``.git/``, ``_out/``), and so is
+    ``exclude`` (the job's output folder, when it lies inside the input: a re-run must not read its
+    own shards as input). Raises InputError when nothing is found or a single file has an unknown suffix.
     """
     p = Path(path)
     if p.is_file():
@@ -73,11 +74,17 @@ def discover(path: str | Path) -> list[InputFile]:
         return [InputFile(p, fmt)]
     if not p.is_dir():
         raise InputError(f"input {p} does not exist")
-    files = [
-        InputFile(f, SUFFIXES[f.suffix.lower()])
-        for f in sorted(p.rglob("*"), key=lambda f: str(f.relative_to(p)))
-        if f.is_file() and f.suffix.lower() in SUFFIXES and not f.name.startswith((".", "_"))
-    ]
+    skip = Path(exclude).resolve() if exclude is not None else None
+
+    def wanted(f: Path) -> bool:
+        if not f.is_file() or f.suffix.lower() not in SUFFIXES:
+            return False
+        if any(part.startswith((".", "_")) for part in f.relative_to(p).parts):
+            return False
+        return skip is None or not f.resolve().is_relative_to(skip)
+
+    files = [InputFile(f, SUFFIXES[f.suffix.lower()])
+             for f in sorted(p.rglob("*"), key=lambda f: str(f.relative_to(p))) if wanted(f)]
     if not files:
         raise InputError(f"folder {p} holds no input files ({', '.join(sorted(SUFFIXES))})")
     return files
