@@ -153,3 +153,27 @@ def test_embed_sparse_and_openai_extension_over_http(splade_dir):
             assert r.json()["error"]
     finally:
         srv.stop()
+
+
+def test_embed_sparse_without_model_goes_to_the_sparse_model(splade_dir):
+    # With a dense model first and a SPLADE model second, /embed_sparse without `model` picks the
+    # model that has sparse output (it went to the first embedding model and got 424), /embed the first.
+    import httpx
+
+    from bouquet.modelspec import resolve_model_path
+    from helpers import BouquetProcess
+
+    got, _ = bouquet_rows(splade_dir, TEXTS[:2])
+    srv = BouquetProcess("--model", str(resolve_model_path(None)), "--model", str(splade_dir),
+                         "--served-model-name", "minilm", "--served-model-name", "splade", "--log-level", "warning")
+    try:
+        r = httpx.post(srv.url + "/embed_sparse", json={"inputs": TEXTS[:2]}, timeout=60)
+        assert r.status_code == 200, r.text
+        for row, terms in zip(got, r.json()):
+            assert [t["index"] for t in terms] == np.flatnonzero(row > 0).tolist()
+        dense = httpx.post(srv.url + "/embed", json={"inputs": TEXTS[0]}, timeout=60)
+        assert dense.status_code == 200 and len(dense.json()[0]) == 384, dense.text[:300]
+        r = httpx.post(srv.url + "/embed_sparse", json={"inputs": "x", "model": "minilm"}, timeout=60)
+        assert r.status_code == 424, r.text  # named explicitly: that model, which has no sparse output
+    finally:
+        srv.stop()

@@ -45,7 +45,7 @@ ROUTES = Routes(
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
-    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "embed", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
+    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
 

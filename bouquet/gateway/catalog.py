@@ -19,10 +19,13 @@ from bouquet.gateway.core import Gateway
 from bouquet.gateway.errors import APIError, bad_request, json_type
 from bouquet.modelspec import ModelSpec
 
-# The model a POST route needs: "embed" (embedding routes), "score" (rerank / score routes; an
-# embedding model scores by cosine where no scoring model is served), "any" (/tokenize, /decode).
-RouteKind = Literal["embed", "score", "any"]
+# The model a POST route needs: "embed" (embedding routes), "sparse" (/embed_sparse: the first
+# embedding model with sparse output, a SPLADE model or bge-m3's heads, else the first embedding
+# model), "score" (rerank / score routes; an embedding model scores by cosine where no scoring model
+# is served), "any" (/tokenize, /decode).
+RouteKind = Literal["embed", "sparse", "score", "any"]
 _KIND_WORDS = {"embed": "an embedding model", "score": "a scoring model"}
+_TASK = {"embed": "embed", "sparse": "embed", "score": "score"}  # the spec.task a route kind needs
 
 
 def model_names(models: Sequence[tuple[ServeConfig, ModelSpec]]) -> list[tuple[str, frozenset[str]]]:
@@ -63,6 +66,8 @@ class Catalog:
             raise ValueError("a gateway serves at least one model")
         by_name = {n: gw for gw in gateways for n in gw.names}
         first_of = {kind: next((gw for gw in gateways if gw.spec.task == kind), gateways[0]) for kind in _KIND_WORDS}
+        first_of["sparse"] = next((gw for gw in gateways if gw.spec.task == "embed"
+                                   and (gw.spec.sparse or gw.spec.token_heads)), first_of["embed"])
         first_of["any"] = gateways[0]
         return cls(tuple(gateways), by_name, first_of)
 
@@ -92,9 +97,10 @@ class Catalog:
         if model is None:
             return self.first_of[kind]
         gw = self.find(model)
-        if kind != "any" and gw.spec.task != kind:
+        task = _TASK.get(kind)
+        if task is not None and gw.spec.task != task:
             fit = self.first_of[kind]
-            if fit.spec.task == kind:
+            if fit.spec.task == task:
                 raise bad_request(f"model '{model}' is {_KIND_WORDS[gw.spec.task]} and this route needs "
-                                  f"{_KIND_WORDS[kind]}: use model '{fit.public_id}'", "model", "wrong_task")
+                                  f"{_KIND_WORDS[task]}: use model '{fit.public_id}'", "model", "wrong_task")
         return gw
