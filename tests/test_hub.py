@@ -223,6 +223,23 @@ def test_revision_after_at(hub, direct):
     assert ids[0] == "org/tiny"
 
 
+def test_tei_embed_normalizes_by_default_as_tei_does(hub, direct):
+    # v1 has no Normalize module: /v1/embeddings follows the model's modules (unnormalized), TEI's
+    # /embed defaults `normalize` to true as TEI does, and `normalize: false` gives the raw vectors.
+    p = BouquetProcess("--model", "org/tiny@v1", env=hub.env)
+    try:
+        raw = np.array([d["embedding"] for d in httpx.post(p.url + "/v1/embeddings", json={"input": TEXTS},
+                                                           timeout=60).json()["data"]])
+        tei = np.array(httpx.post(p.url + "/embed", json={"inputs": TEXTS}, timeout=60).json())
+        off = np.array(httpx.post(p.url + "/embed", json={"inputs": TEXTS, "normalize": False}, timeout=60).json())
+    finally:
+        p.stop()
+    np.testing.assert_allclose(np.linalg.norm(tei, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(tei, direct, atol=1e-5)
+    np.testing.assert_allclose(off, raw, atol=1e-6)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-3)
+
+
 def test_unknown_id_or_revision_is_one_clear_line(hub):
     err = _fail("--model", "org/nope", env=hub.env)
     assert "'org/nope'" in err and "not found" in err, err

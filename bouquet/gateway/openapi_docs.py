@@ -80,7 +80,7 @@ SCORE_REQUEST = _obj({"text_1": _TEXTS, "text_2": _TEXTS, "model": _STR, **_SCOR
 SCORE_RESPONSE = _obj({"id": _STR, "object": _STR, "created": _INT, "model": _STR, "usage": _USAGE,
                        "data": {"type": "array", "items": _obj({"index": _INT, "object": _STR, "score": _NUM})}})
 TEI_EMBED_REQUEST = _obj({
-    "inputs": _INPUT, "normalize": _BOOL, "truncate": _BOOL, "truncation_direction": {"type": "string", "enum": ["Left", "Right"]},
+    "inputs": _INPUT, "normalize": {**_BOOL, "default": True}, "truncate": _BOOL, "truncation_direction": {"type": "string", "enum": ["Left", "Right"]},
     "dimensions": _optional_int(1), "prompt_name": _STR, "prompt": _STR, "priority": _PRIORITY,
     "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]},
 }, ["inputs"])

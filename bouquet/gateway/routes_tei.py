@@ -47,8 +47,11 @@ async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)
     prompt = gw.resolve_prompt(body, inputs)
     priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
-    res = await embed(gw, inputs, mode, _direction(body), prompt, opt_bool(body, "normalize"), dims, priority,
-                    "inputs")
+    normalize = opt_bool(body, "normalize")
+    # TEI's EmbedRequest defaults normalize to true, whatever the model's sentence-transformers
+    # modules say (those decide on /v1/embeddings): a TEI client gets unit vectors unless it asks
+    res = await embed(gw, inputs, mode, _direction(body), prompt, True if normalize is None else normalize, dims,
+                      priority, "inputs")
     return json_response(res.vectors)
 
 
