@@ -2,8 +2,8 @@
 
 Routes parse bodies with orjson and gateway/inputs.py (no pydantic on the hot path); these schemas
 document what those parsers accept, and ``route_docs`` turns them into FastAPI ``openapi_extra`` /
-``responses`` arguments. Keep them in step with the parsers (tests/test_api_surface.py checks
-that every route is described).
+``responses`` arguments. Keep them in step with the parsers (tests/test_api_server.py::test_openapi_and_json_404_405
+checks that every route is described).
 """
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ TEI_EMBED_ALL_RESPONSE = {"type": "array", "items": {"type": "array", "items": _
 TEI_RERANK_REQUEST = _obj({"query": _TEXT, "texts": _TEXTS, "return_text": _BOOL,
                            "truncation_direction": _STR, **_SCORING_EXT}, ["query", "texts"])
 TEI_RERANK_RESPONSE = {"type": "array", "items": _obj({"index": _INT, "score": _NUM, "text": _STR})}
-TEI_TOKENIZE_REQUEST = _obj({"inputs": _TEXTS, "add_special_tokens": _BOOL, "prompt_name": _STR}, ["inputs"])
+TEI_TOKENIZE_REQUEST = _obj({"inputs": _TEXTS, "add_special_tokens": _BOOL, "prompt_name": _STR, "prompt": _STR},
+                            ["inputs"])
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 TEI_TOKENIZE_RESPONSE = {"type": "array", "items": {"type": "array", "items": _obj(
     {"id": _INT, "text": _STR, "special": _BOOL, "start": _NULLABLE_INT, "stop": _NULLABLE_INT})}}
@@ -118,8 +119,10 @@ TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {
                           "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR})
 
 _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
-                413: "Body too large or too many inputs", 424: "Wrong model kind for this route",
-                429: "Replica queues full", 503: "No healthy replica"}
+                411: "POST without Content-Length", 413: "Body too large or too many inputs",
+                415: "Content-Type not JSON, or a compressed body", 422: "Non-finite result (model overflow)",
+                424: "Wrong model kind for this route", 429: "Replica queues full",
+                503: "No healthy replica, or shutting down", 504: "Replica did not answer in time"}
 
 
 def route_docs(request: dict[str, Any] | None, response: dict[str, Any], tei: bool = False,
