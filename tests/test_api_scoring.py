@@ -157,6 +157,7 @@ def test_bi_encoder_long_input_errors_name_the_request_field(minilm_server):
         ("/v1/score", {"text_1": "q", "text_2": ["ok", long], "truncate": False}, "text_2[1]"),
         ("/v1/score", {"text_1": ["a", long], "text_2": ["b", "c"]}, "text_1[1]"),
         ("/v1/score", {"text_1": long, "text_2": ["b", "c"]}, "text_1"),
+        ("/v1/score", {"text_1": [long], "text_2": ["b", "c"]}, "text_1[0]"),  # one text_1 against each text_2
         ("/v1/score", {"text_1": ["a", "b"], "text_2": long, "truncate": False}, "text_2"),
     ]
     for route, body, where in cases:

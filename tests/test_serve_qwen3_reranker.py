@@ -82,3 +82,19 @@ def test_rerank_instruction_and_top_n(reranker):
     assert best["index"] == int(np.argmax(ref))
     assert abs(best["relevance_score"] - ref.max()) <= 1e-4
     assert srv.embed("a").status_code == 400  # a scoring model refuses /v1/embeddings clearly
+
+
+def test_over_long_pairs_name_the_request_field(reranker):
+    # The prompt template's pair: an over-long document with truncation off names its item; a query
+    # that leaves no room names its field, as sent (one text_1 in a list is text_1[0] for every pair).
+    _, srv = reranker
+    long = "word " * 5000
+    cases = [("/v1/rerank", {"query": "q", "documents": ["a", long], "truncate": False}, "documents[1]"),
+             ("/v1/score", {"text_1": "q", "text_2": ["a", long], "truncate": False}, "text_2[1]"),
+             ("/v1/score", {"text_1": [long], "text_2": ["a", "b"]}, "text_1[0]"),
+             ("/v1/rerank", {"query": long, "documents": ["a", "b"]}, "query")]
+    for route, body, where in cases:
+        r = httpx.post(srv.url + route, json=body, timeout=60)
+        assert r.status_code == 400, (where, r.text[:300])
+        err = r.json()["error"]
+        assert err["param"] == where and err["message"].startswith(where + ":"), (where, err)
