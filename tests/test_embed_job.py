@@ -158,8 +158,12 @@ def test_ctrl_c_says_how_to_resume(stsb_input: Path, tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) mid-run: exit 130 with one line saying the finished shards stay and the same
     command resumes (a fresh-clone trial found the job ending silently)."""
     out = tmp_path / "interrupted"
+    # A shell runs background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored: a
+    # test run started with `&` would see the job finish untouched. Ctrl-C reaches a foreground job
+    # with the default disposition, so the job gets that.
     proc = subprocess.Popen(embed_cmd(str(stsb_input), "--output", str(out), "--device", "cpu", "--shard-rows", "500"),
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     manifest = out / MANIFEST
     deadline = time.monotonic() + 240
     while not (manifest.exists() and json.loads(manifest.read_text())["done"]):
