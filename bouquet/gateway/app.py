@@ -24,7 +24,7 @@ from bouquet.config import ServeConfig
 from bouquet.gateway import openapi_docs as d
 from bouquet.gateway import routes_openai, routes_scoring, routes_sparse, routes_tei
 from bouquet.gateway.catalog import Catalog, model_names
-from bouquet.gateway.core import TOKENIZER_THREADS, Gateway
+from bouquet.gateway.core import Gateway, tokenizer_threads
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
 from bouquet.gateway.front import ASGIApp, Front, Routes
@@ -59,7 +59,7 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
     Raises ConfigError when two models share a name."""
     cfg = models[0][0]
     # One tokenizer thread pool and one metrics registry for the process, whatever the model count.
-    executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="bouquet-tok")
+    executor = ThreadPoolExecutor(tokenizer_threads(cfg), thread_name_prefix="bouquet-tok")
     metrics = GatewayMetrics()
     gateways = [Gateway(c, spec, ReplicaPool(list(c.servers), c.chunk_tokens, c.interactive_max_tokens,
                                              ipc_paths=list(c.ipc_paths)),

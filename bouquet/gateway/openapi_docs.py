@@ -116,7 +116,9 @@ TEI_SIMILARITY_REQUEST = _obj({
 TEI_SIMILARITY_RESPONSE = {"type": "array", "items": _NUM}
 TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {"type": "object"},
                           "max_input_length": _INT, "max_batch_tokens": _INT, "max_client_batch_size": _INT,
-                          "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR})
+                          "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR,
+                          "layout": _obj({"gateway_workers": _INT, "tokenizer_threads": _INT, "replicas": _INT,
+                                          "replicas_per_gpu": _INT, "chosen": _STR})})
 
 _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
                 411: "POST without Content-Length", 413: "Body too large or too many inputs",
