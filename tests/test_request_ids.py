@@ -5,6 +5,7 @@ test_replica_auth.py.)"""
 from __future__ import annotations
 
 import re
+import socket
 import time
 
 import httpx
@@ -91,3 +92,18 @@ def test_request_id_on_503_without_a_replica():
             assert r.status_code == 503 and r.headers["x-request-id"] == "no-replica-1", r.text
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("payload", [b"NOT HTTP AT ALL\r\n\r\n",
+                                     b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Length: 1x\r\n\r\n{}"])
+def test_request_id_on_answers_below_the_routes(minilm_server, payload):
+    """A request the HTTP layer could not parse still gets an id (a generated one: none was read)."""
+    with socket.create_connection(("127.0.0.1", minilm_server.port), timeout=30) as s:
+        s.sendall(payload)
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+    head = data.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+    assert head[0].startswith("HTTP/1.1 400"), head
+    ids = [line.split(": ", 1)[1] for line in head[1:] if line.lower().startswith("x-request-id: ")]
+    assert len(ids) == 1 and GENERATED.fullmatch(ids[0]), head

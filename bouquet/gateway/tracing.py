@@ -54,6 +54,11 @@ def request_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes | 
     return rid or next(_generated), trace
 
 
+def new_request_id() -> bytes:
+    """A generated request id (for answers to requests that could not be parsed, protocol.py)."""
+    return next(_generated)
+
+
 def _ids() -> Iterator[bytes]:
     """32 hex digits: this process's random 64-bit prefix and a counter. Unique across gateway
     workers and restarts without a system call per request (os.urandom cost ~2 µs a request)."""
