@@ -161,13 +161,16 @@ def serve(
     gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU (see --replicas-per-gpu)."),
     replicas_per_gpu: int = typer.Option(_default("replicas_per_gpu"), help="Replica processes sharing each GPU (or "
                                          "multiplying --replicas): more processes to spread the per-request host work "
-                                         "of small requests."),
+                                         "of small requests. 0 = sized to the machine and model (logged at start, in /info)."),
     transport: str = typer.Option(_default("transport"), help="auto: a Unix socket to the replicas started here, gRPC "
                                   "to --server ones | grpc: gRPC to every replica."),
     server: list[str] = typer.Option([], metavar="HOST:PORT", help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
     chunk_tokens: int = typer.Option(_default("chunk_tokens"), help="Split large requests into chunks of about this many tokens."),
     gateway_workers: int = typer.Option(_default("gateway_workers"), help="Gateway worker processes (tokenization is "
-                                        "CPU-bound); all share the replicas."),
+                                        "CPU-bound); all share the replicas. 0 = the cores the replicas leave free "
+                                        "(logged at start, in /info)."),
+    tokenizer_threads: int = typer.Option(_default("tokenizer_threads"), help="Tokenizer threads per gateway worker "
+                                          "(0 = cores / workers, at most 4)."),
     max_request_bytes: int = typer.Option(_default("max_request_bytes"), help="Largest accepted request body (bytes)."),
     max_inputs: int = typer.Option(_default("max_inputs"), help="Most inputs per request."),
     timeout_keep_alive: float = typer.Option(_default("timeout_keep_alive"), help="Close idle HTTP keep-alive "
@@ -196,7 +199,7 @@ def serve(
     cfg = _config(
         **replica, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
         device=device, replicas=replicas, gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport,
-        servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
+        servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers, tokenizer_threads=tokenizer_threads,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
         drain_timeout=drain_timeout, api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
     )
@@ -247,8 +250,8 @@ def bench(
     openai_url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible base URL (system 'openai')."),
     openai_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --openai-url (default: none sent)."),
     commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
-    gateway_workers: int = typer.Option(1, help="Gateway worker processes of the HTTP server the bench starts."),
-    replicas_per_gpu: int = typer.Option(1, help="Replica processes of the HTTP server the bench starts."),
+    gateway_workers: int = typer.Option(0, help="Gateway worker processes of the HTTP server the bench starts (0: as `serve` chooses)."),
+    replicas_per_gpu: int = typer.Option(0, help="Replica processes per GPU of the HTTP server the bench starts (0: as `serve` chooses)."),
     query_clients: str = typer.Option("64,256", help="Benchmark 5: client processes (one keep-alive connection each)."),
     query_tokens: str = typer.Option("16,64", help="Benchmark 5: generated text lengths, lowest,highest tokens."),
     query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),

@@ -124,15 +124,15 @@ def opt_str(body: dict[str, Any], key: str, choices: tuple[str, ...] | None = No
     return v
 
 
-def check_dimensions(dims: int | None, full: int, allowed: tuple[int, ...]) -> int | None:
+def check_dimensions(dims: int | None, full: int, allowed: tuple[int, ...], param: str = "dimensions") -> int | None:
     """Matryoshka size: None, or 1 ≤ dims ≤ full (and among ``allowed`` when the model lists
-    its sizes). Raises APIError 400."""
+    its sizes). Raises APIError 400 naming ``param``."""
     if dims is None:
         return None
     if dims <= 0 or dims > full:
-        raise bad_request(f"'dimensions' must be between 1 and {full} for this model, got {dims}", "dimensions", "invalid_value")
+        raise bad_request(f"'{param}' must be between 1 and {full} for this model, got {dims}", param, "invalid_value")
     if allowed and dims not in allowed and dims != full:
-        raise bad_request(f"'dimensions' must be one of {sorted(allowed)} for this model, got {dims}", "dimensions", "invalid_value")
+        raise bad_request(f"'{param}' must be one of {sorted(allowed)} for this model, got {dims}", param, "invalid_value")
     return None if dims == full else dims
 
 
