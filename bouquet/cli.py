@@ -16,7 +16,7 @@ from bouquet.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS, C
 
 # Plain (click) help: rich's option table cuts long option names at 80 columns ("--interactive-max-…").
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  context_settings={"max_content_width": 100}, help="bouquet: fast embedding and reranking server.")
+                  context_settings={"max_content_width": 100, "help_option_names": ["-h", "--help"]}, help="bouquet: fast embedding and reranking server.")
 
 
 def _print_version(value: bool) -> None:
@@ -119,6 +119,25 @@ def _with_replica_options(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _api_key(given: str | None, key_file: Path | None) -> str | None:
+    """The API key: ``--api-key`` (serve only), else ``--api-key-file`` (its content, less one
+    trailing line break: ``echo KEY > file`` writes one), else $BOUQUET_API_KEY, else None. Read
+    here rather than through click's envvar: click takes an empty variable for an unset one, and an
+    empty key (a secret that did not mount) must be refused, not serve without authentication.
+    An unreadable file or two sources at once end the command with exit code 2."""
+    if key_file is not None:
+        if given is not None:
+            typer.echo("error: give the API key once: --api-key or --api-key-file", err=True)
+            raise typer.Exit(2)
+        try:
+            text = key_file.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            typer.echo(f"error: --api-key-file {key_file}: {e}", err=True)
+            raise typer.Exit(2) from None
+        return text.removesuffix("\n").removesuffix("\r")
+    return given if given is not None else os.environ.get("BOUQUET_API_KEY")
+
+
 def _config(**values: object) -> ServeConfig:
     """Build and validate the config; a bad value ends the command with exit code 2."""
     try:
@@ -158,19 +177,20 @@ def serve(
                                              "connections after this many seconds (keep it above your clients' idle expiry)."),
     drain_timeout: float = typer.Option(_default("drain_timeout"), help="On SIGTERM, seconds that requests in flight "
                                         "get to finish (new ones are answered 503); those still running then get 503 too."),
-    # read here, not through click's envvar: click takes an empty variable for an unset one, and an
-    # empty key (a secret that did not mount) must be refused, not serve without authentication
+    # read by _api_key, not through click's envvar (an empty variable must be refused)
     api_key: Optional[str] = typer.Option(None, show_default=False,  # a secret: never printed
-                                          help="Require 'Authorization: Bearer KEY' (all routes but /health); "
-                                               "default: $BOUQUET_API_KEY (preferred: command lines are public)."),
+                                          help="Require 'Authorization: Bearer KEY' (all routes; /health without it "
+                                               "says only its status) and send it to the replicas; default: "
+                                               "$BOUQUET_API_KEY (preferred: command lines are public)."),
+    api_key_file: Optional[Path] = typer.Option(None, metavar="FILE", help="Read the API key from this file (e.g. a "
+                                                "mounted secret; one trailing line break is dropped)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
                                      help="Refuse over-long inputs by default instead of truncating."),
     cors_allow_origin: list[str] = typer.Option([], metavar="ORIGIN", help="A browser origin (e.g. https://app.example.com, or *) "
                                                 "allowed to call the API: answers CORS preflights. Repeatable; off by default."),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
-    if api_key is None:
-        api_key = os.environ.get("BOUQUET_API_KEY")
+    api_key = _api_key(api_key, api_key_file)
     try:
         gpu_list = tuple(int(g) for g in gpus.split(",") if g.strip())
     except ValueError:
@@ -368,7 +388,10 @@ def embed(
 def server_cmd(
     replica: dict[str, Any],
     host: str = typer.Option("127.0.0.1", help="gRPC bind address; 0.0.0.0 to serve gateways on other machines "
-                             "(the gRPC port has no authentication: keep it on a private network)."),
+                             "(give it an API key, and keep it on a private network: gRPC here is plaintext)."),
+    api_key_file: Optional[Path] = typer.Option(None, metavar="FILE", help="Require this API key ('authorization: "
+                                                "Bearer KEY' metadata) on every call but health; default: "
+                                                "$BOUQUET_API_KEY, else no key. Never on the command line."),
     port: int = typer.Option(50051, help="gRPC port."),
     served_model_name: list[str] = typer.Option([], metavar="NAME", help="Public model name(s); must match the gateway's."),
     device: str = typer.Option(_default("device"), envvar="BOUQUET_DEVICE", help="auto | cpu | cuda | cuda:N"),
@@ -378,7 +401,7 @@ def server_cmd(
         typer.echo("error: `bouquet server` serves one --model (start one server per model)", err=True)
         raise typer.Exit(2)
     cfg = _config(**replica, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
-                  device=device.split(":")[0])
+                  device=device.split(":")[0], api_key=_api_key(None, api_key_file))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve_replica
 

@@ -158,6 +158,13 @@ class ServeConfig:
             # an empty secret (an unset Kubernetes secret, `BOUQUET_API_KEY=`) must not mean "no auth"
             raise ConfigError("the API key is empty (--api-key or BOUQUET_API_KEY); unset it to serve without "
                               "authentication, or give a key")
+        if self.api_key is not None and not all("!" <= c <= "~" for c in self.api_key):
+            # A key with a newline, space or control character (`BOUQUET_API_KEY=$'KEY\n'`) can never
+            # arrive in an HTTP header or gRPC metadata value: every request would be refused 401.
+            # The key itself is not printed (it is a secret); the first bad character's position is.
+            at = next(i for i, c in enumerate(self.api_key) if not "!" <= c <= "~")
+            raise ConfigError(f"the API key has a whitespace, control or non-ASCII character at position {at} "
+                              f"(e.g. a trailing newline); a key must be printable ASCII without spaces")
         if self.revision is not None and not self.revision.strip():
             raise ConfigError("--revision must be a branch, tag or commit, got an empty string")
         if self.revision is not None and self.models:

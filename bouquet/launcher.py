@@ -85,8 +85,10 @@ def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProc
     cpu_threads = max(1, (os.cpu_count() or 1) // sharing)
     for i, dev in enumerate(devices):
         port_file = tmp / f"replica{i}.port"
-        # The replica never sees the API key: not on its command line (readable by any local user
-        # in /proc/PID/cmdline), not in its environment.
+        # The API key is never on a replica's command line (readable by any local user in
+        # /proc/PID/cmdline) nor in its environment (inherited by whatever it starts): it goes
+        # through a pipe on stdin, which the replica reads once (server/main.py --api-key-stdin)
+        # and then requires on its gRPC port (proto/rpc.py ApiKeyInterceptor).
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env[PARENT_PID_ENV] = str(os.getpid())  # the replica exits when this process is gone (parent.py)
         if not dev.startswith("cuda") and sharing > 1:
@@ -96,8 +98,24 @@ def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProc
         ipc = str(tmp / f"replica{i}.sock") if cfg.transport == "auto" else ""
         if ipc:
             cmd += ["--ipc-path", ipc]
-        out.append(ReplicaProcess(subprocess.Popen(cmd, env=env), "", dev, ipc, port_file))
+        if cfg.api_key:
+            cmd.append("--api-key-stdin")
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE if cfg.api_key else None)
+        if cfg.api_key:
+            _send_key(proc, cfg.api_key)
+        out.append(ReplicaProcess(proc, "", dev, ipc, port_file))
     return out
+
+
+def _send_key(proc: subprocess.Popen[bytes], api_key: str) -> None:
+    """Write the key as one line into the replica's stdin pipe and close it (far below a pipe's
+    buffer: never blocks). A replica that already exited is reported by ``await_bound``."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(api_key.encode() + b"\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
 
 
 def await_bound(spawned: list[ReplicaProcess], startup_timeout_s: float = 120.0) -> list[ReplicaProcess]:

@@ -46,6 +46,7 @@ ROUTES = Routes(
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
+    public={"/health": routes_openai.health_status_route},
     kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
@@ -63,7 +64,7 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
     executor = ThreadPoolExecutor(tokenizer_threads(cfg), thread_name_prefix="bouquet-tok")
     metrics = GatewayMetrics()
     gateways = [Gateway(c, spec, ReplicaPool(list(c.servers), c.chunk_tokens, c.interactive_max_tokens,
-                                             ipc_paths=list(c.ipc_paths)),
+                                             ipc_paths=list(c.ipc_paths), api_key=c.api_key),
                         TextTokenizer(spec), public_id, names, executor=executor, metrics=metrics)
                 for (c, spec), (public_id, names) in zip(models, model_names(models))]
     catalog = Catalog.of(gateways)
@@ -129,7 +130,8 @@ class Cors(CORSMiddleware):
 
     def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
         super().__init__(app, allow_origins=list(origins), allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
-                         allow_headers=["Authorization", "Content-Type"], max_age=600)
+                         allow_headers=["Authorization", "Content-Type", "X-Request-Id", "traceparent"],
+                         expose_headers=["X-Request-Id"], max_age=600)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "OPTIONS":

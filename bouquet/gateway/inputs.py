@@ -81,14 +81,16 @@ def _check_ids(ids: list[Any], param: str) -> None:
     # A Python loop over each id cost ~13 ms per 100 × 512 ids (bench/results/*gateway-ids*).
     if set(map(type, ids)) == {int} and -(2**31) <= min(ids) and max(ids) < 2**31:
         return
+    # ``param`` names the input (one sequence), the message the position in it, as the replica's
+    # vocabulary check does ("input[1] has token id -1 at position 2"): a bare list of ids is one
+    # input, ``input``, not ``input[j]``, which would read as the j-th input.
     for j, t in enumerate(ids):
         if _too_big(t):
-            raise bad_request(f"{param}[{j}] = {shown(t)} is not a valid token id (out of range)", f"{param}[{j}]",
-                              "invalid_token_id")
+            raise bad_request(f"{param} has token id {shown(t)} at position {j}, out of range", param, "invalid_token_id")
         if not _is_int(t):
-            raise bad_request(f"{param}[{j}] must be an integer token id, got {json_type(t)}", f"{param}[{j}]", "invalid_type")
+            raise bad_request(f"{param} has {json_type(t)} at position {j}; token ids are integers", param, "invalid_type")
         if not -(2**31) <= t < 2**31:
-            raise bad_request(f"{param}[{j}] = {t} is not a valid token id", f"{param}[{j}]", "invalid_token_id")
+            raise bad_request(f"{param} has token id {t} at position {j}, out of range", param, "invalid_token_id")
 
 
 def opt_bool(body: dict[str, Any], key: str) -> bool | None:

@@ -29,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from bouquet.gateway.errors import APIError
 from bouquet.gateway.http import TRUNCATED
+from bouquet.gateway.tracing import new_request_id
 
 
 def error_bytes(status: int, message: str, code: str, path: str) -> bytes:
@@ -36,6 +37,7 @@ def error_bytes(status: int, message: str, code: str, path: str) -> bytes:
     response = APIError(status, message, None, code).response_for(path)
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     head += [k + b": " + v for k, v in response.raw_headers]
+    head.append(b"x-request-id: " + new_request_id())  # no request was parsed: never the client's
     head.append(b"connection: close")
     return b"\r\n".join(head) + b"\r\n\r\n" + response.body
 

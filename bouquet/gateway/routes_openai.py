@@ -74,6 +74,14 @@ async def health_route(models: Catalog) -> Response:
     return json_response({"status": "ok" if ready else "loading", "models": each}, status)
 
 
+async def health_status_route(models: Catalog) -> Response:
+    """``/health`` for a client without the API key (when one is set): ``{"status"}`` and the same
+    200 / 503 as ``health_route``, what a load balancer or probe needs; replicas' addresses, pids
+    and devices are for authenticated clients only."""
+    ready = all(gw.pool.ready for gw in models.gateways)
+    return json_response({"status": "ok" if ready else "loading"}, 200 if ready else 503)
+
+
 def _model(gw: Gateway) -> dict[str, Any]:
     return {"id": gw.public_id, "object": "model", "created": gw.created, "owned_by": "bouquet",
             "aliases": sorted(gw.names - {gw.public_id})}

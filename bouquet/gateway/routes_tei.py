@@ -131,9 +131,10 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     query = parse_query(body)
     texts = parse_texts(body.get("texts"), "texts", gw.cfg.max_inputs)
     return_text = bool(opt_bool(body, "return_text"))
-    _direction(body)  # validated; documents are always cut at their end (TEI truncates the pair)
+    # TEI truncates the pair; here over-long pairs lose document tokens only: "Left" keeps the
+    # document's end, "Right" (the default) its start
     s = await score_pairs(gw, [query] * len(texts), texts, **common_options(gw, body),
-                          fields=PairFields(docs="texts"))
+                          fields=PairFields(docs="texts"), side=_direction(body))
     out = []
     for i in ranked(s.values, None):
         item: dict[str, Any] = {"index": i, "score": float(s.values[i])}
