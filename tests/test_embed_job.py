@@ -2,8 +2,9 @@
 
 All unique STSb sentences (dev + test) go through the real command; the vectors must equal what a
 real `bouquet serve` returns on /v1/embeddings, survive a SIGKILL mid-run and a re-run without
-duplicates, and come out the same from the Ray Data path. A 20,000-row synthetic input checks that
-memory stays under a fixed bound.
+duplicates, and come out the same from the Ray Data path, which resumes the same folder. A 20,000-row
+synthetic input checks that memory stays under a fixed bound; a tiny random model runs the input edge
+cases (CSV cells as written, one error line per bad row).
 """
 from __future__ import annotations
 
