@@ -259,24 +259,28 @@ def _bad_parquet(path: Path) -> None:
     pq.write_table(pa.table({"text": pa.array([b"ok", b"bad \xff"], pa.binary())}), path)
 
 
-@pytest.mark.parametrize("name,write,where", [
-    ("object.jsonl", lambda p: p.write_text('{"text": {"a": 1}}\n'), "line 1: 'text' is a JSON object"),
-    ("bytes.jsonl", lambda p: p.write_bytes(b'{"text": "ok"}\n{"text": "bad \xff"}\n'), "line 2: 'text' is not valid UTF-8"),
-    ("bytes.parquet", _bad_parquet, "row 2: 'text' is not valid UTF-8"),
+@pytest.mark.parametrize("name,write,where,ray", [
+    ("object.jsonl", lambda p: p.write_text('{"text": {"a": 1}}\n'), "line 1: 'text' is a JSON object", False),
+    ("bytes.jsonl", lambda p: p.write_bytes(b'{"text": "ok"}\n{"text": "bad \xff"}\n'), "line 2: 'text' is not valid UTF-8",
+     False),
+    ("bytes.parquet", _bad_parquet, "row 2: 'text' is not valid UTF-8", False),
+    ("bytes.parquet", _bad_parquet, "row 2: 'text' is not valid UTF-8", True),  # found before Ray starts
 ])
-def test_a_bad_row_is_one_error_line(tiny_model: Path, tmp_path: Path, name: str, write: Any, where: str) -> None:
+def test_a_bad_row_is_one_error_line(tiny_model: Path, tmp_path: Path, name: str, write: Any, where: str,
+                                     ray: bool) -> None:
     """A bad row ends the job with exit 2 and one `error:` line naming the file and the line (was: a
     traceback, or an error without either); no shard, and the job is not marked complete."""
     src = tmp_path / name
     write(src)
     out = tmp_path / "out"
-    p = subprocess.run(embed_cmd(str(src), "--output", str(out), "--model", str(tiny_model), "--device", "cpu"),
-                       env=_env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(embed_cmd(str(src), "--output", str(out), "--model", str(tiny_model), "--device", "cpu",
+                                 *(["--ray"] if ray else [])), env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert [line for line in p.stderr.splitlines() if line.startswith("error:")] == \
         [line for line in p.stderr.splitlines() if line.startswith(f"error: {src}: {where}")], p.stderr[-2000:]
     assert p.stderr.strip().splitlines()[-1].startswith(f"error: {src}: {where}")
-    assert not list(out.glob("part-*")) and not json.loads((out / MANIFEST).read_text())["complete"]
+    assert not list(out.glob("part-*"))
+    assert not (out / MANIFEST).exists() if ray else not json.loads((out / MANIFEST).read_text())["complete"]
 
 
 def test_a_bad_row_after_finished_shards_leaves_only_whole_shards(tiny_model: Path, tmp_path: Path) -> None:

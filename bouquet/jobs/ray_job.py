@@ -38,8 +38,8 @@ _READ_ROWS = 1024  # rows per block handed from a read task to the actors
 
 def exact_rows(f: InputFile, text_column: str, id_column: str | None) -> int:
     """Rows of one file as the reader sees them: one streaming pass over its columns, which also
-    stops a bad row here, as one line naming its file and line, before the cluster does any work
-    (a read task's error would come back inside Ray's traceback and log lines)."""
+    stops a bad row here, as one line naming its file and line, before the pipeline starts (a read
+    task's error would come back inside Ray's traceback and log lines)."""
     return sum(len(c.texts) for c in iter_file(f, text_column, id_column, 0))
 
 
@@ -128,11 +128,6 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
         raise ValueError(f"{spec.model_id} is a scoring model; `bouquet embed` needs an embedding model")
     files = discover(cfg.input, exclude=cfg.output)
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
-    starts, pos = [], 0
-    for f in files:  # global row offsets: shards are ranges of global rows, as in the in-process job
-        starts.append(pos)
-        pos += exact_rows(f, cfg.text_column, id_column)
-
     started_here = not ray.is_initialized()
 
     def init() -> None:
@@ -161,6 +156,10 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
         if manifest.complete:
             log.info("embed: %s is already complete (%d shards); nothing to do", cfg.output, skipped)
             return JobStats(0, 0, 0.0, 0, skipped)
+        starts, pos = [], 0
+        for f in files:  # global row offsets: shards are ranges of global rows, as in the in-process job
+            starts.append(pos)
+            pos += exact_rows(f, cfg.text_column, id_column)
         init()
         n_workers = workers or (int(ray.cluster_resources().get("GPU", 0)) if use_gpu else 2)
         return _run(ray, cfg, files, starts, pos, id_column, manifest, device, n_workers)
