@@ -110,6 +110,13 @@ class ModelSpec:
     def tokenizer_path(self) -> Path:
         return self.path / "tokenizer.json"
 
+    @property
+    def token_width(self) -> int:
+        """Floats per token in the per-token outputs of an embedding model (the engine's
+        ``step_tokens``): its hidden size, plus the lexical weight with bge-m3's heads, whose
+        ColBERT width is the hidden size (colbert_linear: 1,024 → 1,024)."""
+        return hidden_size(self.config) + (1 if self.token_heads else 0)
+
 
 def is_causal(cfg: dict[str, Any]) -> bool:
     """Whether attention is causal: decoder architectures (``Family.decoder``: Qwen3) are, unless
