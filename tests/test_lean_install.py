@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 # the reference libraries of the test extra that the default model's package declares but serving never imports
 HEAVY = {"sentence-transformers", "transformers", "scipy", "scikit-learn"}
@@ -36,6 +38,7 @@ def _names(report: Path) -> set[str]:
     return {item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]}
 
 
+@pytest.mark.slow  # ~20-50 s, nearly all of it waiting on the package index
 def test_make_serve_installs_no_reference_libraries(tmp_path: Path) -> None:
     from packaging.requirements import Requirement
 
