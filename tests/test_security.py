@@ -17,17 +17,22 @@ import httpx
 import pytest
 
 from helpers import BouquetProcess, free_port
-from reliability import openai_error
+from reliability import openai_error, tei_error
+
+from bouquet.config import ServeConfig
 
 KEY = "s3cret-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 RAISED = 8 * 1024 * 1024
-DEFAULT = 2 * 1024 * 1024
+DEFAULT = ServeConfig().request_bytes_limit  # derived from the default --max-request-tokens: 4,325,376
+TOKENS = 64 * 256  # the strict server's --max-request-tokens: 64 inputs of all-MiniLM-L6-v2's 256 tokens
+OUTPUT = 1 << 20  # its --max-output-bytes: 170 token vectors of 384 floats at 16 bytes each
 
 
 @pytest.fixture(scope="module")
 def strict_server() -> Iterator[BouquetProcess]:
-    srv = BouquetProcess("--max-request-bytes", str(RAISED), "--max-inputs", "64", "--api-key", KEY)
+    srv = BouquetProcess("--max-request-bytes", str(RAISED), "--max-inputs", "64", "--api-key", KEY,
+                         "--max-request-tokens", str(TOKENS), "--max-output-bytes", str(OUTPUT))
     yield srv
     srv.stop()
 
@@ -37,18 +42,19 @@ def post(srv: BouquetProcess, path: str, headers: dict[str, str] | None = None, 
 
 
 # ---- 11. payload limit ------------------------------------------------------------------------
-@pytest.mark.parametrize("size", [DEFAULT + 1, 3 * 1024 * 1024])
+@pytest.mark.parametrize("size", [DEFAULT + 1, 6 * 1024 * 1024])
 def test_body_over_default_limit_413(minilm_server, size):
     body = b'{"input": "x", "user": "' + b"u" * size + b'"}'
-    openai_error(httpx.post(minilm_server.url + "/v1/embeddings", content=body,
-                            headers={"content-type": "application/json"}, timeout=60), 413, code="payload_too_large")
+    err = openai_error(httpx.post(minilm_server.url + "/v1/embeddings", content=body,
+                                  headers={"content-type": "application/json"}, timeout=60), 413, code="payload_too_large")
+    assert f"limit of {DEFAULT} bytes" in err["message"] and "--max-request-bytes" in err["message"], err
     assert minilm_server.embed("after 413").status_code == 200
 
 
 def test_body_over_limit_chunked_without_content_length_413(minilm_server):
     def gen() -> Iterator[bytes]:
         yield b'{"input": "x", "user": "'
-        for _ in range(40):
+        for _ in range(DEFAULT // 65536 + 1):
             yield b"u" * 65536
         yield b'"}'
 
@@ -57,7 +63,7 @@ def test_body_over_limit_chunked_without_content_length_413(minilm_server):
 
 
 def test_raised_limit_serves_body_under_it(strict_server):
-    body = b'{"input": "served", "user": "' + b"u" * (3 * 1024 * 1024) + b'"}'  # over the default, under the raised
+    body = b'{"input": "served", "user": "' + b"u" * (DEFAULT + 2**20) + b'"}'  # over the default, under the raised
     r = post(strict_server, "/v1/embeddings", {**AUTH, "content-type": "application/json"}, content=body)
     assert r.status_code == 200, r.text[:300]
     assert len(r.json()["data"]) == 1
@@ -74,10 +80,55 @@ def test_input_count_limit(strict_server):
 
 
 def test_tokens_per_request_bounded(strict_server):
-    """Tokens per request ≤ max_inputs × max_seq_length: long inputs are cut, never passed whole."""
+    """Tokens per request ≤ max_inputs × max_seq_length: long inputs are cut, never passed whole.
+    They are counted after the cut: exactly at --max-request-tokens, served."""
     r = post(strict_server, "/v1/embeddings", json={"input": ["word " * 2000] * 64})
     assert r.status_code == 200
-    assert r.json()["usage"]["prompt_tokens"] == 64 * 256
+    assert r.json()["usage"]["prompt_tokens"] == 64 * 256 == TOKENS
+
+
+LONG = "word " * 2000  # ~2,000 tokens: 9 windows of 256 in the chunk modes
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/embeddings", {"input": [LONG] * 9, "long_input": "chunk_mean"}, "input"),  # every window counts
+    ("/v1/embeddings", {"input": [list(range(1000, 3000))] * 9, "long_input": "chunks"}, "input"),  # token ids
+    ("/v1/rerank", {"query": "word " * 100, "documents": [LONG + str(i) for i in range(64)]}, None),  # query + documents
+    ("/v1/score", {"text_1": "word", "text_2": [LONG + str(i) for i in range(64)]}, None),
+    ("/embed", {"inputs": [LONG] * 9, "long_input": "chunk_mean"}, None),
+    ("/similarity", {"inputs": {"source_sentence": "word " * 100, "sentences": [LONG] * 64},
+                     "parameters": {"long_input": "truncate"}}, None),
+    ("/rerank", {"query": "word " * 100, "texts": [LONG + str(i) for i in range(64)]}, None),
+    ("/tokenize", {"inputs": [LONG] * 9}, None),  # never truncated: 9 × 2,002 tokens
+    ("/decode", {"ids": [list(range(1000, 3000))] * 9}, None),
+])
+def test_token_limit_on_every_route(strict_server, path, body, param):
+    """Over --max-request-tokens after tokenization: 413 in the route's error shape naming the limit
+    and the flag, whatever the route; the server answers the next request."""
+    r = post(strict_server, path, json=body)
+    if path.startswith("/v1/"):
+        message = openai_error(r, 413, code="too_many_tokens")["message"]
+        assert openai_error(r, 413)["param"] == param
+    else:
+        message = tei_error(r, 413)["error"]
+    assert f"limit of {TOKENS:,}" in message and "--max-request-tokens" in message, message
+    assert post(strict_server, "/v1/embeddings", json={"input": "after 413"}).status_code == 200
+
+
+@pytest.mark.parametrize("path, field", [("/embed_all", "inputs"), ("/v1/embeddings", "input")])
+def test_output_cap_configured(strict_server, path, field):
+    """--max-output-bytes 1 MiB: 170 token vectors of all-MiniLM-L6-v2 at most; 10 × ~22 tokens → 413
+    naming the cap and its flag, 2 × ~22 served."""
+    extra = {"output": "multi_vector"} if path.startswith("/v1/") else {}
+    texts = [f"text number {i} with a few more words to pass twenty tokens in all of it" for i in range(10)]
+    r = post(strict_server, path, json={field: texts, **extra})
+    if path.startswith("/v1/"):
+        message = openai_error(r, 413, field, "output_too_large")["message"]
+    else:
+        message = tei_error(r, 413)["error"]
+    assert f"limit of {OUTPUT:,}" in message and "--max-output-bytes" in message, message
+    r = post(strict_server, path, json={field: texts[:2], **extra})
+    assert r.status_code == 200, r.text[:300]
 
 
 # ---- a request can only name the served model ----------------------------------------------------

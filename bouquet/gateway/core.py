@@ -96,23 +96,38 @@ class Gateway:
         finally:
             self.metrics.inference_seconds.observe(time.perf_counter() - t0)
 
+    def check_tokens(self, tokens: int, param: str | None) -> None:
+        """One request's token limit (``--max-request-tokens``), checked after tokenization and
+        before any work on the replicas: ``tokens`` are all the request's tokens as the model would
+        run them (truncated, special tokens included). Raises APIError 413 naming the limit and its
+        flag (``param``: the request field holding the inputs)."""
+        limit = self.cfg.max_request_tokens
+        if tokens > limit:
+            raise APIError(413, f"this request has {tokens:,} tokens after tokenization, more than the limit of {limit:,} "
+                           "per request (--max-request-tokens); split it into smaller requests", param, "too_many_tokens")
+
     async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None,
-                       param: str = "input") -> Encoded:
+                       param: str = "input", spent: int = 0) -> Encoded:
         """Texts or token ids → Encoded. Raises APIError 400 (too long with truncation off, bad ids)
-        naming ``param[i]``, the input at fault (``param`` alone for a request of one bare item)."""
+        naming ``param[i]``, the input at fault (``param`` alone for a request of one bare item),
+        and 413 when these tokens and the ``spent`` ones the request tokenized before exceed
+        ``--max-request-tokens`` (``check_tokens``)."""
         try:
             if inputs.token_ids is not None:
-                return self.tokenizer.check_ids(inputs.token_ids, truncate, side)  # type: ignore[arg-type]
-            texts = inputs.texts or []
-            if prompt:
-                texts = [prompt + t for t in texts]
-            return await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
+                enc = self.tokenizer.check_ids(inputs.token_ids, truncate, side)  # type: ignore[arg-type]
+            else:
+                texts = inputs.texts or []
+                if prompt:
+                    texts = [prompt + t for t in texts]
+                enc = await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
         except TooLong as e:
             where = item_param(param, inputs, e.index)
             raise bad_request(f"{where} {e.detail}", where, "context_length_exceeded") from None
         except BadTokenId as e:
             where = item_param(param, inputs, e.index)
             raise bad_request(f"{where} {e.detail}", where, "invalid_token_id") from None
+        self.check_tokens(spent + enc.num_tokens, param)
+        return enc
 
     def resolve_prompt(self, body: dict[str, Any], inputs: TextInputs | None = None) -> str | None:
         """``prompt`` / ``prompt_name`` / the model's default prompt → the text to prepend to texts

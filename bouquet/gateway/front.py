@@ -119,6 +119,7 @@ class Front:
         self.multi = not models.single
         self.key = api_key.encode() if api_key else None
         self.watch_after_s = watch_after_s
+        self.body_limit = self.gw.cfg.request_bytes_limit  # --max-request-bytes, or derived from --max-request-tokens
         self.known = frozenset({*routes.post, *routes.get, *(p + "{id}" for p in routes.get_items)})
         metrics = self.gw.metrics
         # Labelled children looked up once: ``labels()`` takes a lock and builds a key per call.
@@ -197,7 +198,7 @@ class Front:
         watch = _Watch(task, receive)
         timer: asyncio.TimerHandle | None = None
         try:
-            body = await read_body(scope, receive, self.gw.cfg.max_request_bytes)
+            body = await read_body(scope, receive, self.body_limit)
             timer = asyncio.get_running_loop().call_later(self.watch_after_s, watch.start)
             obj = parse_json(body)
             if self.multi:

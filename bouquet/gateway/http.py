@@ -11,12 +11,16 @@ import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from bouquet.config import BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES
 from bouquet.gateway.errors import APIError, bad_request, json_type
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 
 
+# where the body limit comes from, for its 413 (bouquet/config.py, ServeConfig.request_bytes_limit)
+BODY_LIMIT_FLAGS = (f"(--max-request-bytes, or by default {BODY_BYTES_PER_TOKEN} bytes per token of --max-request-tokens "
+                    f"plus {BODY_HEADROOM_BYTES >> 20} MiB)")
 TRUNCATED = "bouquet.body_truncated"  # set by protocol.py on a request whose client stopped sending
 
 
@@ -54,7 +58,8 @@ def check_body_headers(headers: list[tuple[bytes, bytes]], limit: int) -> int | 
         raise APIError(411, "a POST needs a Content-Length header (or chunked transfer encoding)", None, "length_required")
     n = int(length)  # the HTTP parser accepted it, so it is a plain decimal number
     if n > limit:
-        raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes", None, "payload_too_large")
+        raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes {BODY_LIMIT_FLAGS}", None,
+                       "payload_too_large")
     return n
 
 
@@ -75,7 +80,8 @@ async def read_body(scope: MutableMapping[str, Any], receive: Receive, limit: in
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", None, "payload_too_large")
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes {BODY_LIMIT_FLAGS}", None,
+                           "payload_too_large")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

@@ -65,7 +65,8 @@ async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normal
                      param: str = "input") -> tuple[np.ndarray, int, list[list[Window]]]:
     """Inputs → (vectors float32 [N, D], tokens embedded over all windows, windows per input).
 
-    Raises APIError 400 naming ``param[i]`` for token ids outside the vocabulary.
+    Raises APIError 400 naming ``param[i]`` for token ids outside the vocabulary, 413 when the
+    windows hold more tokens than ``--max-request-tokens``.
     """
     tok = gw.tokenizer
     overlap = overlap_for(tok.max_len)
@@ -84,6 +85,8 @@ async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normal
                 where = item_param(param, inputs, i)
                 raise bad_request(f"{where} {e.detail}", where, "invalid_token_id") from None
     flat = [w[0].astype(np.int32) for ws in per_input for w in ws]
+    tokens = int(sum(len(x) for x in flat))
+    gw.check_tokens(tokens, param)  # every window counts: it all runs
     rows = await gw.infer(flat, None, normalize, dims, priority)
     do_norm = gw.spec.normalize if normalize is None else normalize
     vectors, windows, k = [], [], 0
@@ -96,4 +99,4 @@ async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normal
             mean /= max(float(np.linalg.norm(mean)), 1e-12)
         vectors.append(mean.astype(np.float32))
         windows.append([Window(v, (s, e), (cs, ce) if has_chars else None) for v, (_, s, e, cs, ce) in zip(vecs, ws)])
-    return np.stack(vectors), int(sum(len(x) for x in flat)), windows
+    return np.stack(vectors), tokens, windows

@@ -142,7 +142,7 @@ TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {
                                           "replicas_per_gpu": _INT, "chosen": _STR})})
 
 _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
-                411: "POST without Content-Length", 413: "Body too large or too many inputs",
+                411: "POST without Content-Length", 413: "Over a request limit: body, inputs, tokens or per-token output",
                 415: "Content-Type not JSON, or a compressed body", 422: "Non-finite result (model overflow)",
                 424: "Wrong model kind for this route", 429: "Replica queues full",
                 503: "No healthy replica, or shutting down", 504: "Replica did not answer in time"}

@@ -30,8 +30,8 @@ async def embed(gw: Gateway, inputs: TextInputs, mode: str, side: str, prompt: s
                 param: str = "input") -> EmbedResult:
     """Inputs → EmbedResult. ``mode`` is a long_input mode (inputs.LONG_INPUT_MODES), ``side``
     the truncation side, ``param`` the request field holding the inputs (named in errors as
-    ``param[i]``). Raises APIError (400 for inputs that cannot be embedded, 429/503/504 from the
-    replicas)."""
+    ``param[i]``). Raises APIError (400 for inputs that cannot be embedded, 413 beyond
+    ``--max-request-tokens``, 429/503/504 from the replicas)."""
     skip = gw.tokenizer.prompt_skip(prompt)
     if mode in ("chunk_mean", "chunks"):
         if skip:

@@ -36,6 +36,11 @@ from bouquet.gateway.inputs import long_input_mode, opt_int, opt_str, parse_inpu
 from bouquet.gateway.pipeline import embed
 
 Terms = tuple[np.ndarray, np.ndarray]  # (indices int64 [n] ascending, values float32 [n])
+# Output cap (--max-output-bytes) per value of a token vector: in a JSON reply at most 16 bytes, the
+# longest float32 orjson writes ("-0.000012345679") and its comma; bge-m3's sparse terms come from
+# its token rows, which the gateway holds as float32 while it reads them.
+JSON_VALUE_BYTES = 16
+FLOAT32_BYTES = 4
 
 
 def select_terms(idx: np.ndarray, val: np.ndarray, threshold: float, top_k: int | None) -> Terms:
@@ -103,13 +108,28 @@ def _check_body(gw: Gateway, body: dict[str, Any]) -> str:
     return mode
 
 
-async def _token_rows(gw: Gateway, body: dict[str, Any], param: str, side: str) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+def _check_output(gw: Gateway, vectors: int, width: int, value_bytes: int, param: str) -> None:
+    """The output cap (``--max-output-bytes``), checked before the work: ``vectors`` per-token
+    vectors of ``width`` values at ``value_bytes`` each. Raises APIError 413 naming the cap and its
+    flag."""
+    size, cap = vectors * width * value_bytes, gw.cfg.max_output_bytes
+    if size > cap:
+        raise APIError(413, f"the per-token output of this request would take up to {size:,} bytes ({vectors:,} token "
+                       f"vectors of {width} values), more than the limit of {cap:,} (--max-output-bytes); send fewer or "
+                       "shorter inputs", param, "output_too_large")
+
+
+async def _token_rows(gw: Gateway, body: dict[str, Any], param: str, side: str,
+                      value_bytes: int) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """Tokenize and run a per-token request: (ids per input, token rows per input [len_i, D'],
-    tokens embedded). Raises APIError (400 for invalid fields, replica errors)."""
+    tokens embedded). ``value_bytes``: what one value of a token's vector costs the caller's
+    output (JSON_VALUE_BYTES in a JSON reply), for the output cap. Raises APIError (400 for
+    invalid fields, 413 over the token limit or the output cap, replica errors)."""
     inputs = parse_inputs(body.get(param), param, gw.cfg.max_inputs)
     mode = _check_body(gw, body)
     priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
     enc = await gw.tokenize(inputs, mode == "truncate", side, gw.resolve_prompt(body, inputs), param)
+    _check_output(gw, enc.num_tokens, gw.spec.token_width, value_bytes, param)
     rows = await gw.infer_tokens(enc.ids, priority)
     bounds = np.cumsum([0] + [len(s) for s in enc.ids])
     return enc.ids, [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])], enc.num_tokens
@@ -126,7 +146,7 @@ async def sparse_vectors(gw: Gateway, body: dict[str, Any], param: str, side: st
         res = await embed(gw, inputs, mode, side, gw.resolve_prompt(body, inputs), False, None, priority, param)
         return [sparse_terms(row, threshold, top_k) for row in res.vectors], res.tokens
     if gw.spec.token_heads:
-        ids, rows, tokens = await _token_rows(gw, body, param, side)
+        ids, rows, tokens = await _token_rows(gw, body, param, side, FLOAT32_BYTES)
         special = special_ids(gw.spec.tokenizer_path)
         return [select_terms(*lexical_terms(i, r[:, 0], special), threshold, top_k) for i, r in zip(ids, rows)], tokens
     raise APIError(424, f"model '{gw.public_id}' has no sparse output (a SPLADE model or bge-m3's heads); use /embed",
@@ -139,7 +159,7 @@ async def token_vectors(gw: Gateway, body: dict[str, Any], param: str, side: str
     Raises APIError 424 for scoring and SPLADE models."""
     if gw.spec.task != "embed" or gw.spec.sparse:
         raise APIError(424, f"model '{gw.public_id}' has no per-token vectors", param, "wrong_task")
-    _, rows, tokens = await _token_rows(gw, body, param, side)
+    _, rows, tokens = await _token_rows(gw, body, param, side, JSON_VALUE_BYTES)
     return [r[1:, 1:] if gw.spec.token_heads else r for r in rows], tokens
 
 

@@ -117,6 +117,7 @@ async def decode_route(gw: Gateway, body: dict[str, Any]) -> Response:
     inputs = parse_inputs(value, "ids", gw.cfg.max_inputs)
     seqs: list[list[int]] = inputs.token_ids or []  # type: ignore[assignment]
     skip = opt_bool(body, "skip_special_tokens") is not False
+    gw.check_tokens(sum(map(len, seqs)), "ids")
     try:
         texts = await gw.run_tokenizer(gw.tokenizer.decode, seqs, skip)
     except BadTokenId as e:
@@ -156,6 +157,7 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     if prompt:
         texts = [prompt + t for t in texts]
     encs = await gw.run_tokenizer(gw.tokenizer.encodings, texts, add_special is not False)
+    gw.check_tokens(sum(len(e.ids) for e in encs), "inputs")  # the reply holds an object per token
     out = []
     for text, enc in zip(texts, encs):
         spans = token_spans(text, enc.tokens, enc.offsets, enc.special_tokens_mask)

@@ -29,7 +29,6 @@ import numpy as np
 from bouquet.gateway.core import Gateway
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
-from bouquet.gateway.pipeline import embed
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.tokenization import Side, TooLong
 
@@ -67,7 +66,8 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
                       fields: PairFields = PairFields(), side: Side = "right") -> Scores:
     """Score pair i = (queries[i], docs[i]); over-long documents are cut on ``side``. Raises
     APIError (400 for inputs that cannot fit, its ``param`` the request field of ``fields`` at
-    fault, and for ``instruction`` sent to a model that takes none)."""
+    fault, and for ``instruction`` sent to a model that takes none; 413 when the pairs' tokens,
+    queries and documents together, exceed ``--max-request-tokens``)."""
     if instruction is not None and not gw.spec.pair_template:
         raise bad_request("'instruction' applies only to instruction-following rerankers (Qwen3-Reranker)",
                           "instruction", "unsupported_parameter")
@@ -77,9 +77,11 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
     if template:
         instr = instruction or gw.spec.default_instruction or ""
         texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate, fields, side)
+        tokens = int(sum(len(t) for t in texts))
+        gw.check_tokens(tokens, None)
         logits = await gw.infer(texts, None, None, None, priority)
         col = logits[:, 0].astype(np.float64)
-        return Scores(col if raw else _sigmoid(col), int(sum(len(t) for t in texts)))
+        return Scores(col if raw else _sigmoid(col), tokens)
     try:
         enc = await gw.run_tokenizer(gw.tokenizer.encode_pairs, list(zip(queries, docs)), side, truncate)
     except TooLong as e:
@@ -89,6 +91,7 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception when the query leaves no room
         raise bad_request(f"{fields.query}: the query does not fit the model's {gw.spec.max_seq_length} tokens with "
                           f"any document: {e}", fields.query, "context_length_exceeded") from None
+    gw.check_tokens(enc.num_tokens, None)
     logits = (await gw.infer(enc.ids, enc.type_ids, None, None, priority)).astype(np.float64)  # [N, num_labels]
     if raw:
         return Scores(logits[:, -1], enc.num_tokens)
@@ -143,6 +146,9 @@ def _cut_document(tok: Any, head: str, doc: str, tail: str, limit: int, excess: 
 def _renamed(e: APIError, texts: list[str], unique: list[str], at: Callable[[int], str]) -> APIError:
     """``e`` from embedding ``unique`` (the distinct texts, param ``input[k]``) naming the request
     field instead: the first pair whose text is unique[k] (``at`` gives its field)."""
+    if e.code == "too_many_tokens":  # the request's tokens, queries and documents together: no one field
+        e.param = None
+        return e
     m = re.fullmatch(r"input(?:\[(\d+)\])?", e.param or "")
     if m is None:
         return e
@@ -155,23 +161,26 @@ def _renamed(e: APIError, texts: list[str], unique: list[str], at: Callable[[int
 async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bool, priority: int,
                   fields: PairFields, side: Side) -> Scores:
     prompts = gw.spec.prompts
+    q_prompt, d_prompt = prompts.get("query"), prompts.get("document", prompts.get("passage"))
     uq, ud = list(dict.fromkeys(queries)), list(dict.fromkeys(docs))
+    # Both sides are tokenized before either runs, so the request's token limit counts them together.
     # The query side is never truncated (a too-long query is an error); documents follow `truncate`.
     try:
-        q = await embed(gw, TextInputs(uq, None, False), "error", "right", prompts.get("query"), True, None, priority)
+        q = await gw.tokenize(TextInputs(uq, None, False), False, "right", q_prompt)
     except APIError as e:
         if e.code == "context_length_exceeded":  # worded for the query, whatever `truncate` says
             e.message = e.message.replace("(truncation is off)", "(queries are never truncated; shorten it)")
         raise _renamed(e, queries, uq, fields.query_at) from None
     try:
-        d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", side,
-                        prompts.get("document", prompts.get("passage")), True, None, priority)
+        d = await gw.tokenize(TextInputs(ud, None, False), truncate, side, d_prompt, spent=q.num_tokens)
     except APIError as e:
         raise _renamed(e, docs, ud, fields.doc_at) from None
+    q_rows = await gw.infer(q.ids, None, True, None, priority, gw.tokenizer.prompt_skip(q_prompt))
+    d_rows = await gw.infer(d.ids, None, True, None, priority, gw.tokenizer.prompt_skip(d_prompt))
     qi = {t: i for i, t in enumerate(uq)}
     di = {t: i for i, t in enumerate(ud)}
-    qv = q.vectors[[qi[t] for t in queries]].astype(np.float64)
-    dv = d.vectors[[di[t] for t in docs]].astype(np.float64)
+    qv = q_rows[[qi[t] for t in queries]].astype(np.float64)
+    dv = d_rows[[di[t] for t in docs]].astype(np.float64)
     cos = (qv * dv).sum(1) / np.maximum(np.linalg.norm(qv, axis=1) * np.linalg.norm(dv, axis=1), 1e-12)
     # Rounding can put equal vectors a hair past 1 (1.0000000000000002): the documented range is [-1, 1].
-    return Scores(np.clip(cos, -1.0, 1.0), q.tokens + d.tokens)
+    return Scores(np.clip(cos, -1.0, 1.0), q.num_tokens + d.num_tokens)
