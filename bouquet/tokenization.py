@@ -8,6 +8,7 @@ tokens cost; with truncation off, texts are tokenized whole, so the true token c
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -159,12 +160,13 @@ class TextTokenizer:
         self._prompt_lengths: dict[str, int] = {}
 
     def _finish(self, ids: list[int]) -> np.ndarray:
+        # np.fromiter with a count: half the time of np.asarray on a list of ~500 ints
         if self.eos is not None and (not ids or ids[-1] != self.eos):
-            ids = ids + [self.eos]
-        return np.asarray(ids, dtype=np.int32)
+            return np.fromiter(itertools.chain(ids, (self.eos,)), dtype=np.int32, count=len(ids) + 1)
+        return np.fromiter(ids, dtype=np.int32, count=len(ids))
 
-    def _bounded(self, texts: list[str], side: Side) -> list[Any]:
-        """Encodings without special tokens of the part of each text that truncation to
+    def _bounded(self, texts: list[str], side: Side) -> tuple[list[str], list[Any]]:
+        """(parts, their encodings without special tokens): the part of each text that truncation to
         ``max_len`` on ``side`` keeps from: the whole text, or a window at that end (``_window``)
         that yields at least ``max_len + _margin`` tokens, so that the kept tokens are those of
         the whole text (tests/test_tokenizer_equality.py checks this on every tokenizer kind).
@@ -176,12 +178,14 @@ class TextTokenizer:
         need = keep + _margin(keep)
         chars = [need * _FIRST_CHARS_PER_TOKEN] * len(texts)
         out: list[Any] = [None] * len(texts)
+        parts = list(texts)
         todo = list(range(len(texts)))
         while todo:
             batch: list[str] = []
             slots = []
             for i in todo:
                 part, clean = _window(texts[i], side, chars[i])
+                parts[i] = part
                 slots.append((i, len(batch), len(part) == len(texts[i]), clean))
                 batch.append(part)
                 if not clean:
@@ -197,6 +201,16 @@ class TextTokenizer:
                     short = need / max(1, len(ids))
                     chars[i] = int(chars[i] * (max(2.0, short * 1.25) if short > 1 else 2.0))
                     todo.append(i)
+        return parts, out
+
+    def kept_parts(self, texts: list[str], side: Side = "right") -> list[str]:
+        """Each text, or a window at its ``side`` end whose tokens include the ``max_len`` tokens
+        that truncation keeps from the whole text (see ``_bounded``): for callers that build their
+        own sequences around a text (templated rerankers) and cut it to fit."""
+        long_idx = self._windowed(texts)
+        out = list(texts)
+        for i, part in zip(long_idx, self._bounded([texts[i] for i in long_idx], side)[0]):
+            out[i] = part
         return out
 
     def _windowed(self, texts: list[str]) -> list[int]:
@@ -210,7 +224,7 @@ class TextTokenizer:
             # The truncating copy in one pass; long texts through a window at their kept end,
             # truncated by the same copy's post-processor (what its ``encode`` runs after the model).
             trunc, long_idx = self._trunc[side], self._windowed(texts)
-            encs = _spliced(texts, long_idx, lambda xs: [trunc.post_process(e) for e in self._bounded(xs, side)],
+            encs = _spliced(texts, long_idx, lambda xs: [trunc.post_process(e) for e in self._bounded(xs, side)[1]],
                             lambda xs: _encode_ids(trunc, xs))
             ids = [self._finish(e.ids) for e in encs]
             return Encoded(ids, None, int(sum(len(x) for x in ids)))
@@ -229,7 +243,7 @@ class TextTokenizer:
 
         def windowed(xs: list[tuple[str, str]]) -> list[Any]:
             queries = self._plain.encode_batch_fast([q for q, _ in xs], add_special_tokens=False)
-            docs = self._bounded([d for _, d in xs], side)
+            docs = self._bounded([d for _, d in xs], side)[1]
             return [trunc.post_process(q, d) for q, d in zip(queries, docs)]
 
         long_docs = self._windowed([d for _, d in pairs]) if truncate else []

@@ -115,6 +115,20 @@ def test_truncated_pairs_equal_only_second(model_dirs, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_kept_parts_hold_the_kept_tokens_and_offsets(model_dirs, kind: str) -> None:
+    """``kept_parts`` (templated rerankers cut documents by offsets): the part's first ``max_len``
+    tokens have the whole text's ids and character offsets."""
+    tt = make(model_dirs, kind, 256)
+    texts = cases()
+    parts = tt.kept_parts(texts)
+    assert any(len(p) < len(t) for p, t in zip(parts, texts))
+    for p, t in zip(parts, texts):
+        a, b = tt.encodings([p, t], add_special_tokens=False)
+        assert t.startswith(p)
+        assert (a.ids[: tt.max_len], a.offsets[: tt.max_len]) == (b.ids[: tt.max_len], b.offsets[: tt.max_len])
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
 def test_untruncated_paths_are_the_library_s(model_dirs, kind: str) -> None:
     """Ids, offsets and special tokens of TEI /tokenize's ``encodings`` and of short texts."""
     s1, _, _ = read_sts("test")
