@@ -2,11 +2,14 @@
 the GIL and runs in parallel). The raw ``Tokenizer`` object is used, never a ``transformers``
 wrapper (shared wrappers fail across threads with "Already borrowed").
 
-Truncation is decided per request: texts are encoded without truncation, so the true token count
-is known; only the over-long ones are encoded again with a truncating copy of the tokenizer.
+Truncation is decided per request. With truncation on, a text much longer than the model's limit
+is tokenized only at the end that is kept (``_bounded``), so a huge input costs what its kept
+tokens cost; with truncation off, texts are tokenized whole, so the true token count is known.
 """
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -62,6 +65,61 @@ class Encoded:
     num_tokens: int
 
 
+# A window of text tokenized for ``keep`` kept tokens starts at (keep + margin) * _FIRST_CHARS_PER_TOKEN
+# characters (~1-1.5 characters per token in CJK, ~4.5 in English, for all three tokenizer kinds)
+# and grows by the characters per token it showed until it yields keep + margin tokens; the margin
+# holds the tokens that the cut can change. Texts shorter than _WINDOWED_CHARS_PER_TOKEN characters
+# per kept token are tokenized whole.
+_FIRST_CHARS_PER_TOKEN = 2
+_WINDOWED_CHARS_PER_TOKEN = 6
+# A word boundary for every tokenizer kind: a plain space after a non-space character (inside a run
+# of whitespace, BPE merges and Unigram's segmentation of the run depend on its length).
+_SPACE = re.compile(r"(?<=\S) ")
+
+
+def _margin(keep: int) -> int:
+    return 16 + keep // 16
+
+
+def _window(text: str, side: Side, chars: int) -> tuple[str, bool]:
+    """(the first (``right``) or last (``left``) ``chars`` characters of ``text``, whether the cut
+    is clean): all of the text when shorter (clean); else cut at a ``_SPACE`` within the window's
+    outer eighth when there is one (clean: the prefix ends before it, the suffix starts with it),
+    else at ``chars`` (not clean: inside a word or a run of whitespace)."""
+    if chars >= len(text):
+        return text, True
+    reach = max(1, chars // 8)
+    if side == "right":
+        last = None
+        for last in _SPACE.finditer(text, chars - reach, chars):
+            pass
+        if last is not None:
+            return text[:last.start()], True
+        return text[:chars], False
+    start = len(text) - chars
+    m = _SPACE.search(text, start, start + reach)
+    return (text[m.start():], True) if m is not None else (text[start:], False)
+
+
+def _same_end(a: list[int], b: list[int], keep: int, side: Side) -> bool:
+    return a[:keep] == b[:keep] if side == "right" else a[-keep:] == b[-keep:]
+
+
+def _spliced(items: list[Any], picked: list[int], on_picked: Any, on_rest: Any) -> list[Any]:
+    """``on_picked`` over the items at ``picked`` and ``on_rest`` over the others (each one batch
+    call, skipped when empty), results back in the items' order."""
+    if not picked:
+        return on_rest(items)
+    out: list[Any] = [None] * len(items)
+    for i, r in zip(picked, on_picked([items[i] for i in picked])):
+        out[i] = r
+    rest = [i for i, r in enumerate(out) if r is None]
+    if rest:
+        for i, r in zip(rest, on_rest([items[i] for i in rest])):
+            out[i] = r
+    return out
+
+
 def _encode_ids(tok: Tokenizer, inputs: list[Any]) -> list[Any]:
     """``encode_batch`` without character offsets (``encode_batch_fast``, tokenizers ≥ 0.20;
     ~5% less CPU per token on this tokenizer) where the caller reads ids and type ids only."""
@@ -102,16 +160,73 @@ class TextTokenizer:
         self._prompt_lengths: dict[str, int] = {}
 
     def _finish(self, ids: list[int]) -> np.ndarray:
+        # np.fromiter with a count: half the time of np.asarray on a list of ~500 ints
         if self.eos is not None and (not ids or ids[-1] != self.eos):
-            ids = ids + [self.eos]
-        return np.asarray(ids, dtype=np.int32)
+            return np.fromiter(itertools.chain(ids, (self.eos,)), dtype=np.int32, count=len(ids) + 1)
+        return np.fromiter(ids, dtype=np.int32, count=len(ids))
+
+    def _bounded(self, texts: list[str], side: Side) -> tuple[list[str], list[Any]]:
+        """(parts, their encodings without special tokens): the part of each text that truncation to
+        ``max_len`` on ``side`` keeps from: the whole text, or a window at that end (``_window``)
+        that yields at least ``max_len + _margin`` tokens, so that the kept tokens are those of
+        the whole text (tests/test_tokenizer_equality.py checks this on every tokenizer kind).
+
+        A window cut inside a run of non-space characters is tokenized a second time one character
+        longer and kept only when both agree on the kept tokens: Unigram's best segmentation of a
+        long word can depend on where the word ends ("x" * n, by n mod 3, in XLM-R)."""
+        keep = self.max_len
+        need = keep + _margin(keep)
+        chars = [need * _FIRST_CHARS_PER_TOKEN] * len(texts)
+        out: list[Any] = [None] * len(texts)
+        parts = list(texts)
+        todo = list(range(len(texts)))
+        while todo:
+            batch: list[str] = []
+            slots = []
+            for i in todo:
+                part, clean = _window(texts[i], side, chars[i])
+                parts[i] = part
+                slots.append((i, len(batch), len(part) == len(texts[i]), clean))
+                batch.append(part)
+                if not clean:
+                    n = len(part) + 1
+                    batch.append(texts[i][:n] if side == "right" else texts[i][len(texts[i]) - n:])
+            encs = self._plain.encode_batch_fast(batch, add_special_tokens=False)
+            todo = []
+            for i, k, whole, clean in slots:
+                ids = encs[k].ids
+                if whole or (len(ids) >= need and (clean or _same_end(ids, encs[k + 1].ids, keep, side))):
+                    out[i] = encs[k]
+                else:  # too few tokens: grow by the characters per token seen; an unsettled cut: double
+                    short = need / max(1, len(ids))
+                    chars[i] = int(chars[i] * (max(2.0, short * 1.25) if short > 1 else 2.0))
+                    todo.append(i)
+        return parts, out
+
+    def kept_parts(self, texts: list[str], side: Side = "right") -> list[str]:
+        """Each text, or a window at its ``side`` end whose tokens include the ``max_len`` tokens
+        that truncation keeps from the whole text (see ``_bounded``): for callers that build their
+        own sequences around a text (templated rerankers) and cut it to fit."""
+        long_idx = self._windowed(texts)
+        out = list(texts)
+        for i, part in zip(long_idx, self._bounded([texts[i] for i in long_idx], side)[0]):
+            out[i] = part
+        return out
+
+    def _windowed(self, texts: list[str]) -> list[int]:
+        """Indices of the texts long enough that tokenizing a window of them pays."""
+        limit = (self.max_len + _margin(self.max_len)) * _WINDOWED_CHARS_PER_TOKEN
+        return [i for i, t in enumerate(texts) if len(t) > limit]
 
     def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:
         """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
         if truncate:
-            # One pass with the truncating copy: the same ids as encoding plainly and re-encoding
-            # the long ones, without tokenizing long documents twice.
-            ids = [self._finish(e.ids) for e in _encode_ids(self._trunc[side], texts)]
+            # The truncating copy in one pass; long texts through a window at their kept end,
+            # truncated by the same copy's post-processor (what its ``encode`` runs after the model).
+            trunc, long_idx = self._trunc[side], self._windowed(texts)
+            encs = _spliced(texts, long_idx, lambda xs: [trunc.post_process(e) for e in self._bounded(xs, side)[1]],
+                            lambda xs: _encode_ids(trunc, xs))
+            ids = [self._finish(e.ids) for e in encs]
             return Encoded(ids, None, int(sum(len(x) for x in ids)))
         encs = _encode_ids(self._plain, texts)
         for i, e in enumerate(encs):
@@ -124,12 +239,20 @@ class TextTokenizer:
         """(query, document) pairs → ids and token types; over-long pairs lose document tokens
         only (``only_second``), never query tokens. Raises TooLong when ``truncate`` is off, and
         ValueError when a query alone leaves no room for its document."""
-        encs = _encode_ids(self._plain, pairs)
+        trunc = self._trunc[side + "_pair"]
+
+        def windowed(xs: list[tuple[str, str]]) -> list[Any]:
+            queries = self._plain.encode_batch_fast([q for q, _ in xs], add_special_tokens=False)
+            docs = self._bounded([d for _, d in xs], side)[1]
+            return [trunc.post_process(q, d) for q, d in zip(queries, docs)]
+
+        long_docs = self._windowed([d for _, d in pairs]) if truncate else []
+        encs = _spliced(pairs, long_docs, windowed, lambda xs: _encode_ids(self._plain, xs))
         long_idx = [i for i, e in enumerate(encs) if len(e.ids) > self.max_len]
         if long_idx and not truncate:
             raise TooLong(long_idx[0], len(encs[long_idx[0]].ids), self.spec.max_seq_length)
         if long_idx:
-            again = _encode_ids(self._trunc[side + "_pair"], [pairs[i] for i in long_idx])
+            again = _encode_ids(trunc, [pairs[i] for i in long_idx])
             for i, e in zip(long_idx, again):
                 encs[i] = e
         ids = [self._finish(e.ids) for e in encs]

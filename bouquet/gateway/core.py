@@ -23,8 +23,9 @@ from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong, resolve_prompt
 
-# Below this many characters tokenizing inline costs less than a thread hop (~50 µs).
-INLINE_TOKENIZE_CHARS = 4096
+# Below this many characters tokenizing inline costs less than a thread hop (~50 µs); above it the
+# tokenizer (which releases the GIL) runs beside the event loop (docs/decisions.md, 2026-12-04).
+INLINE_TOKENIZE_CHARS = 512
 TOKENIZER_THREADS = 4  # per gateway process when the config leaves it open (a gateway built without `serve`)
 PRIORITIES = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH, "auto": pb.PRIORITY_AUTO}
 

@@ -113,6 +113,8 @@ def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, 
     tok, limit = gw.tokenizer, gw.tokenizer.max_len
     head_t, _, tail = template.partition("{document}")
     heads = [head_t.replace("{instruction}", instruction).replace("{query}", q) for q in queries]
+    if truncate:  # a huge document: only the window that its kept tokens come from
+        docs = tok.kept_parts(docs)
     encs = tok.encodings([h + d + tail for h, d in zip(heads, docs)], add_special_tokens=False)
     out = []
     for i, enc in enumerate(encs):

