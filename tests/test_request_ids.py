@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from bouquet.config import ServeConfig
 from helpers import BouquetProcess, free_port
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -25,7 +26,7 @@ CASES = [
     ("POST", "/v1/embeddings", b"{not json", 400),
     ("GET", "/no/such/route", None, 404),
     ("PUT", "/v1/embeddings", {"input": "x"}, 405),
-    ("POST", "/v1/embeddings", b'{"input": "' + b"x" * (3 * 1024 * 1024) + b'"}', 413),
+    ("POST", "/v1/embeddings", b'{"input": "' + b"x" * ServeConfig().request_bytes_limit + b'"}', 413),
 ]
 
 
