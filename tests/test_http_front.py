@@ -153,6 +153,7 @@ def test_idle_connections_and_the_connection_cap(front):
             got, headers, body = read_reply(s)
             assert got == 503 and headers["retry-after"] == "1", (got, body)
             assert orjson.loads(body)["error"] and "--max-connections" in orjson.loads(body)["error"]
+        assert "past --max-connections 40" in front.log()  # the operator hears of it
         deadline = time.monotonic() + 6
         assert all(closed_by_server(c, max(0.1, deadline - time.monotonic())) for c in idle)
     finally:

@@ -38,6 +38,7 @@ its tests ran against.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 from http import HTTPStatus
@@ -51,6 +52,9 @@ from bouquet.gateway.errors import APIError
 from bouquet.gateway.http import TRUNCATED
 from bouquet.gateway.limits import HttpLimits
 from bouquet.gateway.request_head import Refusal, bad_request, check_head
+
+log = logging.getLogger("bouquet")
+CAP_WARNING_EVERY_S = 60.0  # the connection cap's warning, at most this often per process
 
 # A well-formed request line (RFC 9112 §3) whose method is a token (RFC 9110 §5.6.2)
 _REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) [^ \r\n]+ HTTP/[0-9]\.[0-9]\r?\n")
@@ -87,6 +91,8 @@ class _Refused(Exception):
 class HttpProtocol(HttpToolsProtocol):
     """``http=`` class for uvicorn (launcher.py); see the module docstring."""
 
+    _cap_warned_at = -math.inf  # this process's last warning about the connection cap (loop time)
+
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self.limits: HttpLimits = getattr(config, "http_limits", None) or HttpLimits.from_config(ServeConfig())
@@ -112,8 +118,12 @@ class HttpProtocol(HttpToolsProtocol):
     # --- transport events ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._over_cap = len(self.connections) > self.limits.max_connections
         self._since = self.loop.time()
+        self._over_cap = len(self.connections) > self.limits.max_connections
+        if self._over_cap and self._since - HttpProtocol._cap_warned_at >= CAP_WARNING_EVERY_S:
+            HttpProtocol._cap_warned_at = self._since
+            log.warning("bouquet: %d open connections, past --max-connections %d: new clients are answered 503",
+                        len(self.connections), self.limits.max_connections)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -318,6 +328,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, refusal: Refusal) -> None:
         """Answer ``refusal`` once the responses owed before it are sent, then close (lingering)."""
+        log.debug("bouquet: refused %s (%s): %s", self.client, refusal.status, refusal.message)
         self._error = error_bytes(refusal.status, refusal.message, refusal.code, self._path(), refusal.headers)
         if self._in_message and self._head_done:
             # The bad message already has a cycle (the error is in its body): it never reaches the app.

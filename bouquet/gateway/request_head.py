@@ -122,24 +122,22 @@ def check_head(method: bytes, version: str, url: bytes, headers: list[tuple[byte
 
     ``method``: as parsed (llhttp only parses the methods it knows); ``version``: ``"1.1"``;
     ``url``: the raw request target; ``headers``: (lowercase name, value) as uvicorn keeps them.
+    Runs for every request: the common case (HTTP/1.1, an origin-form target and one Host, neither
+    with '%', no Transfer-Encoding) costs one pass over the fields and two matches.
     """
-    if version != "1.1" and (refusal := _version(version)) is not None:
-        return refusal
-    if method == b"CONNECT":
-        return Refusal(501, "CONNECT is not implemented: this server is not a proxy (RFC 9110 §9.3.6)", "not_implemented")
-    # The common case costs one match per field checked: an origin-form target without '%', one valid Host.
-    if _ORIGIN_FORM.fullmatch(url) is None or b"%" in url:
-        if (refusal := _target(method, url)) is not None:
-            return refusal
     hosts: list[bytes] = []
     codings: list[bytes] = []
-    for name, value in headers:  # one pass: this runs for every request
+    for name, value in headers:
         if name == b"host":
             hosts.append(value)
         elif name == b"transfer-encoding":
             codings.append(value)
-    if len(hosts) != 1 or _HOST_VALUE.fullmatch(hosts[0]) is None or b"%" in hosts[0]:
-        if (refusal := _host(version, hosts)) is not None:
-            return refusal
-    return _codings(version, codings) if codings else None
-
+    if (version == "1.1" and len(hosts) == 1 and not codings and method != b"CONNECT"
+            and _ORIGIN_FORM.fullmatch(url) and _HOST_VALUE.fullmatch(hosts[0])
+            and b"%" not in url and b"%" not in hosts[0]):
+        return None
+    if version != "1.1" and (refusal := _version(version)) is not None:
+        return refusal
+    if method == b"CONNECT":
+        return Refusal(501, "CONNECT is not implemented: this server is not a proxy (RFC 9110 §9.3.6)", "not_implemented")
+    return _target(method, url) or _host(version, hosts) or (_codings(version, codings) if codings else None)
