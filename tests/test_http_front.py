@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
@@ -36,9 +37,13 @@ def connect(srv: BouquetProcess, timeout: float = 10.0) -> socket.socket:
     return socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
 
 
+_UNREAD: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()  # read past a response
+
+
 def read_reply(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response from ``s``: status, headers (lowercase names), body (by Content-Length)."""
-    data = b""
+    """The next response on ``s``: status, headers (lowercase names), body (by Content-Length).
+    Bytes read past it (pipelined responses) are kept for the next call."""
+    data = _UNREAD.pop(s, b"")
     while b"\r\n\r\n" not in data:
         chunk = s.recv(65536)
         assert chunk, f"connection closed without an answer; got {data[:200]!r}"
@@ -51,12 +56,14 @@ def read_reply(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
         chunk = s.recv(65536)
         assert chunk, "connection closed inside a body"
         rest += chunk
+    _UNREAD[s] = rest[n:]
     return int(lines[0].split()[1]), headers, rest[:n]
 
 
 def closed_by_server(s: socket.socket, within: float) -> bool:
     """True when the server closes ``s`` (EOF) within ``within`` s, reading and dropping any data."""
     s.settimeout(within)
+    _UNREAD.pop(s, None)
     try:
         while s.recv(65536):
             pass
@@ -140,6 +147,22 @@ def test_keep_alive_and_steady_slow_clients_are_served(front):
             time.sleep(0.3)
         status, _, body = read_reply(s)
         assert status == 200 and len(orjson.loads(body)["data"][0]["embedding"]) == 384
+
+
+def test_pipelined_requests_keep_their_answers(front):
+    """Two requests and then half a head on one connection: 200, 200, then the 408 once the
+    pause limit passes; 3,000 pipelined requests in one send are all answered 200 (the gateway
+    stops reading while they wait, and that time is not held against the client)."""
+    good = post("/v1/embeddings", EMBED)
+    with connect(front) as s:
+        s.sendall(good + good + b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\n")
+        assert [read_reply(s)[0] for _ in range(2)] == [200, 200]
+        refused(s, 408, "request_timeout", "/v1/embeddings")
+    with connect(front, timeout=60) as s:
+        sender = threading.Thread(target=s.sendall, args=(good * 3000,))
+        sender.start()
+        assert [read_reply(s)[0] for _ in range(3000)] == [200] * 3000
+        sender.join()
 
 
 def test_idle_connections_and_the_connection_cap(front):
