@@ -124,7 +124,8 @@ class ServeConfig:
     # request's head must arrive within timeout_headers s of its first byte and its body within
     # timeout_body s of the head's end, with at most timeout_read_gap s between two reads (else 408,
     # then close); its head holds at most max_header_bytes (request line and fields) and
-    # max_header_count field lines (else 431, or 414 for a long target). Past max_connections open
+    # max_header_count field lines (else 431, or 414 for a long target; a chunked body's extensions
+    # and trailers get one more max_header_bytes). Past max_connections open
     # connections in one gateway process, a new one's request is answered 503 with Retry-After.
     timeout_connect_idle: float = 10.0
     timeout_headers: float = 10.0

@@ -39,7 +39,7 @@ class HttpLimits:
     body_s: float  # end of the head → end of the body; then 408
     read_gap_s: float  # the longest silence inside a request (head or body); then 408
     max_header_bytes: int  # request line + field lines; past it 431 (414 when the target is most of it)
-    max_header_count: int  # field lines (trailers included); past it 431
+    max_header_count: int  # field lines of the head; past it 431
     max_connections: int  # open connections; past it a new connection's request gets 503 + Retry-After
     # After a refusal the answer is written, the sending side shut down, and what the client still
     # sends is read and dropped for up to this long before the connection is closed (protocol.py).
