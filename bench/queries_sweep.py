@@ -15,7 +15,8 @@ batched vectors (sentence-transformers, fp32 CPU: 0.82032).
     python bench/queries_sweep.py --model DIR --device cuda --layout 12:2:auto --clients 1,64,256
 
 A layout is ``WORKERS:REPLICAS:TRANSPORT`` (replicas = --replicas-per-gpu on a GPU, --replicas
-on the CPU; transport auto = the Unix socket, grpc). Writes OUT.json and OUT.md. To measure an
+on the CPU; transport auto = the Unix socket, grpc), or ``default`` (no layout flag: what `serve`
+chooses for the machine, read back from /info). Writes OUT.json and OUT.md. To measure an
 older commit beside this one, run the script from a worktree of it (``cd OLD && python
 /path/to/bench/queries_sweep.py ...``): the server is started from the current folder.
 """
@@ -84,22 +85,24 @@ def batched(port: int, texts: list[str], chunk: int = 256) -> np.ndarray:
 
 
 def run_layout(a: argparse.Namespace, layout: str, texts: list[str], sts: tuple[list[str], list[str], np.ndarray]) -> dict[str, Any]:
-    workers, replicas, transport = layout.split(":")
+    workers, replicas, transport = layout.split(":") if layout != "default" else ("default", "default", "auto")
     port = free_port()
     cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(port), "--device", a.device, "--engine", a.engine,
-           "--gateway-workers", workers, "--log-level", "warning"]
+           "--log-level", "warning"]
     # Flags at their defaults are left out, so that an older tree (no --transport) can be served
     # the same way: run this script from that tree's folder (`python -m bouquet` imports from the cwd).
+    # "default": no layout flag at all, as a user starts it.
+    cmd += ["--gateway-workers", workers] if workers != "default" else []
     cmd += ["--transport", transport] if transport != "auto" else []
-    cmd += (["--replicas-per-gpu", replicas] if replicas != "1" else []) if a.device == "cuda" else ["--replicas", replicas]
+    if replicas != "default":
+        cmd += (["--replicas-per-gpu", replicas] if replicas != "1" else []) if a.device == "cuda" else ["--replicas", replicas]
     if a.model:
         cmd += ["--model", a.model]
     cmd += a.serve_arg
     log_path = Path(tempfile.mkdtemp(prefix="queries-")) / "server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    row: dict[str, Any] = {"layout": layout, "gateway_workers": int(workers), "replicas": int(replicas),
-                           "transport": transport, "command": " ".join(cmd[1:]), "cases": []}
+    row: dict[str, Any] = {"layout": layout, "transport": transport, "command": " ".join(cmd[1:]), "cases": []}
     try:
         deadline = time.monotonic() + 300
         import http.client
@@ -117,6 +120,12 @@ def run_layout(a: argparse.Namespace, layout: str, texts: list[str], sts: tuple[
             if time.monotonic() > deadline:
                 raise TimeoutError("server not healthy after 300 s")
             time.sleep(0.3)
+        try:  # what the server chose (trees before the layout's /info field have none)
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/info")
+            row["chosen"] = orjson.loads(c.getresponse().read()).get("layout")
+        except (OSError, ValueError):
+            pass
         if a.engine != "noop":
             s1, s2, gold = sts
             ref = batched(port, texts[:512])

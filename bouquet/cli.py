@@ -16,7 +16,7 @@ from bouquet.config import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS, C
 
 # Plain (click) help: rich's option table cuts long option names at 80 columns ("--interactive-max-…").
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  context_settings={"max_content_width": 100}, help="bouquet: fast embedding and reranking server.")
+                  context_settings={"max_content_width": 100, "help_option_names": ["-h", "--help"]}, help="bouquet: fast embedding and reranking server.")
 
 
 def _print_version(value: bool) -> None:
@@ -119,6 +119,25 @@ def _with_replica_options(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _api_key(given: str | None, key_file: Path | None) -> str | None:
+    """The API key: ``--api-key`` (serve only), else ``--api-key-file`` (its content, less one
+    trailing line break: ``echo KEY > file`` writes one), else $BOUQUET_API_KEY, else None. Read
+    here rather than through click's envvar: click takes an empty variable for an unset one, and an
+    empty key (a secret that did not mount) must be refused, not serve without authentication.
+    An unreadable file or two sources at once end the command with exit code 2."""
+    if key_file is not None:
+        if given is not None:
+            typer.echo("error: give the API key once: --api-key or --api-key-file", err=True)
+            raise typer.Exit(2)
+        try:
+            text = key_file.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            typer.echo(f"error: --api-key-file {key_file}: {e}", err=True)
+            raise typer.Exit(2) from None
+        return text.removesuffix("\n").removesuffix("\r")
+    return given if given is not None else os.environ.get("BOUQUET_API_KEY")
+
+
 def _config(**values: object) -> ServeConfig:
     """Build and validate the config; a bad value ends the command with exit code 2."""
     try:
@@ -142,13 +161,16 @@ def serve(
     gpus: str = typer.Option("", help="Comma-separated GPU indices: one replica per GPU (see --replicas-per-gpu)."),
     replicas_per_gpu: int = typer.Option(_default("replicas_per_gpu"), help="Replica processes sharing each GPU (or "
                                          "multiplying --replicas): more processes to spread the per-request host work "
-                                         "of small requests."),
+                                         "of small requests. 0 = sized to the machine and model (logged at start, in /info)."),
     transport: str = typer.Option(_default("transport"), help="auto: a Unix socket to the replicas started here, gRPC "
                                   "to --server ones | grpc: gRPC to every replica."),
     server: list[str] = typer.Option([], metavar="HOST:PORT", help="Use running replicas at HOST:PORT (repeatable) instead of starting any."),
     chunk_tokens: int = typer.Option(_default("chunk_tokens"), help="Split large requests into chunks of about this many tokens."),
     gateway_workers: int = typer.Option(_default("gateway_workers"), help="Gateway worker processes (tokenization is "
-                                        "CPU-bound); all share the replicas."),
+                                        "CPU-bound); all share the replicas. 0 = the cores the replicas leave free "
+                                        "(logged at start, in /info)."),
+    tokenizer_threads: int = typer.Option(_default("tokenizer_threads"), help="Tokenizer threads per gateway worker "
+                                          "(0 = cores / workers, at most 4)."),
     max_request_bytes: int = typer.Option(_default("max_request_bytes"), help="Largest accepted request body (bytes)."),
     max_inputs: int = typer.Option(_default("max_inputs"), help="Most inputs per request."),
     timeout_keep_alive: float = typer.Option(_default("timeout_keep_alive"), help="Close idle HTTP keep-alive "
@@ -163,19 +185,20 @@ def serve(
     max_header_bytes: int = typer.Option(_default("max_header_bytes"), help="Largest request line + header fields, bytes (else 431; 414 for a long target)."),
     max_header_count: int = typer.Option(_default("max_header_count"), help="Most header field lines per request (else 431)."),
     max_connections: int = typer.Option(_default("max_connections"), help="Open connections per gateway process; past it a request gets 503 with Retry-After."),
-    # read here, not through click's envvar: click takes an empty variable for an unset one, and an
-    # empty key (a secret that did not mount) must be refused, not serve without authentication
+    # read by _api_key, not through click's envvar (an empty variable must be refused)
     api_key: Optional[str] = typer.Option(None, show_default=False,  # a secret: never printed
-                                          help="Require 'Authorization: Bearer KEY' (all routes but /health); "
-                                               "default: $BOUQUET_API_KEY (preferred: command lines are public)."),
+                                          help="Require 'Authorization: Bearer KEY' (all routes; /health without it "
+                                               "says only its status) and send it to the replicas; default: "
+                                               "$BOUQUET_API_KEY (preferred: command lines are public)."),
+    api_key_file: Optional[Path] = typer.Option(None, metavar="FILE", help="Read the API key from this file (e.g. a "
+                                                "mounted secret; one trailing line break is dropped)."),
     no_truncate: bool = typer.Option(not _default("truncate"), "--no-truncate",
                                      help="Refuse over-long inputs by default instead of truncating."),
     cors_allow_origin: list[str] = typer.Option([], metavar="ORIGIN", help="A browser origin (e.g. https://app.example.com, or *) "
                                                 "allowed to call the API: answers CORS preflights. Repeatable; off by default."),
 ) -> None:
     """Run the gateway and its server replica(s) until Ctrl-C / SIGTERM."""
-    if api_key is None:
-        api_key = os.environ.get("BOUQUET_API_KEY")
+    api_key = _api_key(api_key, api_key_file)
     try:
         gpu_list = tuple(int(g) for g in gpus.split(",") if g.strip())
     except ValueError:
@@ -184,7 +207,7 @@ def serve(
     cfg = _config(
         **replica, served_model_name=tuple(served_model_name), host=host, port=port, grpc_port=grpc_port,
         device=device, replicas=replicas, gpus=gpu_list, replicas_per_gpu=replicas_per_gpu, transport=transport,
-        servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers,
+        servers=tuple(server), chunk_tokens=chunk_tokens, gateway_workers=gateway_workers, tokenizer_threads=tokenizer_threads,
         max_request_bytes=max_request_bytes, max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
         drain_timeout=drain_timeout, api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
         timeout_connect_idle=timeout_connect_idle, timeout_headers=timeout_headers, timeout_body=timeout_body,
@@ -238,8 +261,8 @@ def bench(
     openai_url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible base URL (system 'openai')."),
     openai_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --openai-url (default: none sent)."),
     commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
-    gateway_workers: int = typer.Option(1, help="Gateway worker processes of the HTTP server the bench starts."),
-    replicas_per_gpu: int = typer.Option(1, help="Replica processes of the HTTP server the bench starts."),
+    gateway_workers: int = typer.Option(0, help="Gateway worker processes of the HTTP server the bench starts (0: as `serve` chooses)."),
+    replicas_per_gpu: int = typer.Option(0, help="Replica processes per GPU of the HTTP server the bench starts (0: as `serve` chooses)."),
     query_clients: str = typer.Option("64,256", help="Benchmark 5: client processes (one keep-alive connection each)."),
     query_tokens: str = typer.Option("16,64", help="Benchmark 5: generated text lengths, lowest,highest tokens."),
     query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),
@@ -376,7 +399,10 @@ def embed(
 def server_cmd(
     replica: dict[str, Any],
     host: str = typer.Option("127.0.0.1", help="gRPC bind address; 0.0.0.0 to serve gateways on other machines "
-                             "(the gRPC port has no authentication: keep it on a private network)."),
+                             "(give it an API key, and keep it on a private network: gRPC here is plaintext)."),
+    api_key_file: Optional[Path] = typer.Option(None, metavar="FILE", help="Require this API key ('authorization: "
+                                                "Bearer KEY' metadata) on every call but health; default: "
+                                                "$BOUQUET_API_KEY, else no key. Never on the command line."),
     port: int = typer.Option(50051, help="gRPC port."),
     served_model_name: list[str] = typer.Option([], metavar="NAME", help="Public model name(s); must match the gateway's."),
     device: str = typer.Option(_default("device"), envvar="BOUQUET_DEVICE", help="auto | cpu | cuda | cuda:N"),
@@ -386,7 +412,7 @@ def server_cmd(
         typer.echo("error: `bouquet server` serves one --model (start one server per model)", err=True)
         raise typer.Exit(2)
     cfg = _config(**replica, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
-                  device=device.split(":")[0])
+                  device=device.split(":")[0], api_key=_api_key(None, api_key_file))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.launcher import serve_replica
 

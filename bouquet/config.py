@@ -65,7 +65,7 @@ class ConfigError(ValueError):
 
 
 # Lower bounds of the integer options (flag = field name with dashes).
-MINIMUMS = (("max_batch_seqs", 1), ("replicas", 1), ("replicas_per_gpu", 1), ("gateway_workers", 1),
+MINIMUMS = (("max_batch_seqs", 1), ("replicas", 1), ("replicas_per_gpu", 0), ("gateway_workers", 0), ("tokenizer_threads", 0),
             ("max_request_bytes", 1024), ("max_inputs", 1), ("interactive_max_tokens", 0), ("max_queue_tokens", 1),
             ("chunk_tokens", 1), ("max_header_bytes", 1024), ("max_header_count", 1), ("max_connections", 1))
 
@@ -105,13 +105,17 @@ class ServeConfig:
     replicas: int = 1
     servers: tuple[str, ...] = ()  # external replicas host:port; when set no server is started
     gpus: tuple[int, ...] = ()
-    replicas_per_gpu: int = 1  # replica processes sharing each GPU (each has its own CUDA context)
+    # replica processes sharing each GPU (each has its own CUDA context); 0 = sized to the machine
+    # and the model by `serve` (bouquet/layout.py), which passes the chosen number down
+    replicas_per_gpu: int = 0
     # How the gateway reaches replicas: "auto" = a Unix socket to the replicas `serve` starts on
     # this host (proto/ipc.py), gRPC to `--server` ones; "grpc" = gRPC to every replica.
     transport: Transport = "auto"
     # Set by the launcher, parallel to ``servers``: each local replica's Unix socket ("" = none).
     ipc_paths: tuple[str, ...] = ()
-    gateway_workers: int = 1
+    gateway_workers: int = 0  # gateway processes; 0 = sized to the machine (bouquet/layout.py)
+    tokenizer_threads: int = 0  # per gateway worker; 0 = sized to the machine (bouquet/layout.py)
+    layout: str = ""  # how `serve` chose the three above, one line (logged, and in /info); set by the launcher
     chunk_tokens: int = CHUNK_TOKENS
     max_request_bytes: int = 2 * 1024 * 1024
     # Idle keep-alive connections are closed after this many seconds. It must exceed the clients'
@@ -169,6 +173,13 @@ class ServeConfig:
             # an empty secret (an unset Kubernetes secret, `BOUQUET_API_KEY=`) must not mean "no auth"
             raise ConfigError("the API key is empty (--api-key or BOUQUET_API_KEY); unset it to serve without "
                               "authentication, or give a key")
+        if self.api_key is not None and not all("!" <= c <= "~" for c in self.api_key):
+            # A key with a newline, space or control character (`BOUQUET_API_KEY=$'KEY\n'`) can never
+            # arrive in an HTTP header or gRPC metadata value: every request would be refused 401.
+            # The key itself is not printed (it is a secret); the first bad character's position is.
+            at = next(i for i, c in enumerate(self.api_key) if not "!" <= c <= "~")
+            raise ConfigError(f"the API key has a whitespace, control or non-ASCII character at position {at} "
+                              f"(e.g. a trailing newline); a key must be printable ASCII without spaces")
         if self.revision is not None and not self.revision.strip():
             raise ConfigError("--revision must be a branch, tag or commit, got an empty string")
         if self.revision is not None and self.models:
@@ -229,7 +240,7 @@ class ServeConfig:
         model has its own replicas); a fixed ``grpc_port`` continues after the previous models' replicas."""
         if not self.models:
             return [self]
-        per_model_replicas = (len(self.gpus) or self.replicas) * self.replicas_per_gpu
+        per_model_replicas = (len(self.gpus) or self.replicas) * max(1, self.replicas_per_gpu)
         return [self.replace(model=m, models=(), served_model_name=self.served_model_name[i:i + 1],
                              grpc_port=self.grpc_port + i * per_model_replicas if self.grpc_port else 0)
                 for i, m in enumerate(self.models)]

@@ -23,9 +23,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bouquet.config import ServeConfig
 from bouquet.parent import PARENT_PID_ENV
+
+if TYPE_CHECKING:
+    from bouquet.modelspec import ModelSpec
 
 # Environment variables that can hold the API key (the CLI's, the gateway workers' config).
 SECRET_ENV = frozenset({"BOUQUET_API_KEY", "BOUQUET_GATEWAY_CONFIG"})
@@ -49,10 +53,24 @@ class ReplicaProcess:
 
 def replica_devices(cfg: ServeConfig) -> list[str]:
     """One device string per replica process: ``--replicas-per-gpu`` on each of ``--gpus``, else
-    ``--replicas`` × ``--replicas-per-gpu`` on ``--device``."""
+    ``--replicas`` × ``--replicas-per-gpu`` on ``--device`` (0 per GPU, not resolved yet: 1)."""
+    per_gpu = max(1, cfg.replicas_per_gpu)
     if cfg.gpus:
-        return [f"cuda:{g}" for g in cfg.gpus for _ in range(cfg.replicas_per_gpu)]
-    return [cfg.device] * (cfg.replicas * cfg.replicas_per_gpu)
+        return [f"cuda:{g}" for g in cfg.gpus for _ in range(per_gpu)]
+    return [cfg.device] * (cfg.replicas * per_gpu)
+
+
+def resolve_layout(cfg: ServeConfig, specs: "list[ModelSpec]") -> ServeConfig:
+    """``cfg`` with gateway workers, replicas per GPU and tokenizer threads chosen for this machine
+    where the flags left them at 0 (bouquet/layout.py), and ``layout`` saying how."""
+    from bouquet.layout import choose_layout, machine_facts, model_parameters
+
+    machine = machine_facts(cfg.device, cfg.gpus, remote=bool(cfg.servers))
+    params = max((model_parameters(s.path) for s in specs), default=0)
+    lay = choose_layout(machine, params, cfg.gateway_workers, cfg.replicas_per_gpu, cfg.tokenizer_threads,
+                        models=len(specs))
+    return cfg.replace(gateway_workers=lay.gateway_workers, replicas_per_gpu=lay.replicas_per_gpu,
+                       tokenizer_threads=lay.tokenizer_threads, layout=lay.reason)
 
 
 def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProcess]:
@@ -67,8 +85,10 @@ def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProc
     cpu_threads = max(1, (os.cpu_count() or 1) // sharing)
     for i, dev in enumerate(devices):
         port_file = tmp / f"replica{i}.port"
-        # The replica never sees the API key: not on its command line (readable by any local user
-        # in /proc/PID/cmdline), not in its environment.
+        # The API key is never on a replica's command line (readable by any local user in
+        # /proc/PID/cmdline) nor in its environment (inherited by whatever it starts): it goes
+        # through a pipe on stdin, which the replica reads once (server/main.py --api-key-stdin)
+        # and then requires on its gRPC port (proto/rpc.py ApiKeyInterceptor).
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env[PARENT_PID_ENV] = str(os.getpid())  # the replica exits when this process is gone (parent.py)
         if not dev.startswith("cuda") and sharing > 1:
@@ -78,8 +98,24 @@ def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProc
         ipc = str(tmp / f"replica{i}.sock") if cfg.transport == "auto" else ""
         if ipc:
             cmd += ["--ipc-path", ipc]
-        out.append(ReplicaProcess(subprocess.Popen(cmd, env=env), "", dev, ipc, port_file))
+        if cfg.api_key:
+            cmd.append("--api-key-stdin")
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE if cfg.api_key else None)
+        if cfg.api_key:
+            _send_key(proc, cfg.api_key)
+        out.append(ReplicaProcess(proc, "", dev, ipc, port_file))
     return out
+
+
+def _send_key(proc: subprocess.Popen[bytes], api_key: str) -> None:
+    """Write the key as one line into the replica's stdin pipe and close it (far below a pipe's
+    buffer: never blocks). A replica that already exited is reported by ``await_bound``."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(api_key.encode() + b"\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
 
 
 def await_bound(spawned: list[ReplicaProcess], startup_timeout_s: float = 120.0) -> list[ReplicaProcess]:
@@ -182,6 +218,11 @@ def serve(cfg: ServeConfig) -> int:
 
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
+    cfg = resolve_layout(cfg, specs)
+    log.info("bouquet: layout: %s", cfg.layout)
+    # per_model again: a fixed --grpc-port numbers each model's replicas after the previous model's
+    entries = [c.replace(model=e.model, revision=e.revision, served_model_name=e.served_model_name)
+               for c, e in zip(cfg.per_model(), entries)]
     model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
     # Until uvicorn takes over the signals, SIGTERM unwinds start-up like Ctrl-C does (the replicas
     # started so far are stopped, the work folder removed) instead of killing this process outright.

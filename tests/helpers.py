@@ -59,14 +59,15 @@ class GrpcServer:
     """`bouquet server` (one replica, gRPC only) on a free port of 127.0.0.1, started on the CPU
     and ready (grpc.health.v1 SERVING) when the constructor returns; ``stop()`` sends SIGTERM."""
 
-    def __init__(self, *args: str, startup_timeout: float = 180) -> None:
+    def __init__(self, *args: str, startup_timeout: float = 180, env: dict[str, str] | None = None) -> None:
         from bouquet.proto.rpc import HEALTH_SERVING
 
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._log = open(LOG_DIR / f"server-{port}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "bouquet", "server", "--host", "127.0.0.1", "--port",
-                                      str(port), "--device", "cpu", *args], stdout=self._log, stderr=subprocess.STDOUT)
+                                      str(port), "--device", "cpu", *args], stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         deadline = time.monotonic() + startup_timeout
         while grpc_health(self.address) != HEALTH_SERVING:
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -38,8 +38,10 @@ def tei_error(r: httpx.Response, status: int) -> dict[str, Any]:
 
 def any_error_shape(path: str, body: Any) -> None:
     """An error body in the documented shape of the route family of ``path``: OpenAI on /v1/*,
-    TEI elsewhere."""
-    if path.startswith("/v1/"):
+    Cohere on /v2/*, TEI elsewhere."""
+    if path.startswith("/v2/"):
+        assert set(body) == {"message"} and body["message"], body
+    elif path.startswith("/v1/"):
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
     else:
         assert set(body) == {"error", "error_type"} and body["error"], body

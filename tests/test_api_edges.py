@@ -60,16 +60,20 @@ def test_out_of_vocabulary_id_names_its_input(minilm_server):
 
 def test_error_messages_name_the_item_their_param_names(minilm_server):
     """The message starts with what ``param`` says (a new user found "input 0 has token id -1"
-    under param "input", and "input[0][0]" in a message under "input[0]"); integers past 64 bits,
+    under param "input", and "input[0][0]" in a message under "input[0]"); ``param`` names the input, the message
+    the position of the id at fault in it; integers past 64 bits,
     which the JSON parser reads as floats, are out of range rather than "a number"."""
     big = 10**23
     cases = [
         ({"input": [-1, 5]}, "input", "invalid_token_id", "input has token id -1 at position 0"),
         ({"input": [[101, 102], [101, 7592, -1]]}, "input[1]", "invalid_token_id", "input[1] has token id -1 at position 2"),
-        ({"input": [["a", "b"]]}, "input[0][0]", "invalid_type", "input[0][0] must be an integer token id"),
-        ({"input": [101, "x"]}, "input[1]", "invalid_type", "input[1] must be an integer token id"),
-        ({"input": [big]}, "input[0]", "invalid_token_id", "out of range"),
-        ({"input": [[101, big]]}, "input[0][1]", "invalid_token_id", "out of range"),
+        # one bare list of ids is one input, "input" (issue 39: it was "input[1]", read as a second input)
+        ({"input": [["a", "b"]]}, "input[0]", "invalid_type", "input[0] has a string at position 0"),
+        ({"input": [101, "x"]}, "input", "invalid_type", "input has a string at position 1"),
+        ({"input": [101, 7592, 10**7]}, "input", "invalid_token_id", "input has token id 10000000 at position 2"),
+        ({"input": [101, 2**40]}, "input", "invalid_token_id", "input has token id 1099511627776 at position 1, out of range"),
+        ({"input": [big]}, "input", "invalid_token_id", "at position 0, out of range"),
+        ({"input": [[101, big]]}, "input[0]", "invalid_token_id", "at position 1, out of range"),
         ({"input": "a", "dimensions": big}, "dimensions", "invalid_value", "out of range"),
         ({"input": "a", "dimensions": 4.0}, "dimensions", "invalid_type", "must be an integer"),
         ({"input": [101] * 600, "truncate": False}, "input", "context_length_exceeded", "input has 600 tokens"),

@@ -2,20 +2,23 @@
 
 All unique STSb sentences (dev + test) go through the real command; the vectors must equal what a
 real `bouquet serve` returns on /v1/embeddings, survive a SIGKILL mid-run and a re-run without
-duplicates, and come out the same from the Ray Data path. A 20,000-row synthetic input checks that
-memory stays under a fixed bound.
+duplicates, and come out the same from the Ray Data path, which resumes the same folder. A 20,000-row
+synthetic input checks that memory stays under a fixed bound; a tiny random model runs the input edge
+cases (CSV cells as written, one error line per bad row).
 """
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -67,12 +70,22 @@ def stsb_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stsb_output(stsb_input: Path, tmp_path_factory: pytest.TempPathFactory) -> pa.Table:
+def stsb_output_dir(stsb_input: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stsb-out") / "vectors"
     run_embed(str(stsb_input), "--output", str(out), "--device", "cpu", "--shard-rows", "1000")
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["complete"] and manifest["rows"] == len(stsb_sentences())
-    return read_output(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stsb_output(stsb_output_dir: Path) -> pa.Table:
+    return read_output(stsb_output_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(TINY_BERT, tmp_path_factory.mktemp("tiny"))
 
 
 def free_port() -> int:
@@ -192,18 +205,100 @@ def test_a_model_the_engine_refuses_leaves_the_output_folder_unwritten(tmp_path:
 
 
 @pytest.mark.slow  # starts a local Ray cluster
-def test_ray_path_gives_the_same_output(stsb_input: Path, stsb_output: pa.Table, tmp_path: Path) -> None:
+def test_ray_path_resumes_the_same_folder(stsb_input: Path, stsb_output_dir: Path, stsb_output: pa.Table,
+                                          tmp_path: Path) -> None:
+    """--ray writes what the in-process job writes (part-NNNNN shards, the manifest) and resumes it:
+    here an in-process run that stopped with shards 1 and 3 unfinished (one of them left on disk,
+    as a crash between the rename and the manifest would) is finished by --ray, and the folder then
+    equals an uninterrupted run's; run again, the finished job does nothing."""
     out = tmp_path / "ray"
-    run_embed(str(stsb_input), "--output", str(out), "--device", "cpu", "--ray", "--workers", "2", timeout=400)
-    table = pq.read_table(out)
-    assert table.schema.field("vector").type == pa.list_(pa.float32(), 384)
-    ref_order = np.argsort(np.asarray(stsb_output.column("id").to_pylist()))
-    order = np.argsort(np.asarray(table.column("id").to_pylist()))
-    assert table.column("id").to_pylist() and len(table) == len(stsb_output)
-    assert np.asarray(table.column("id").to_pylist())[order].tolist() == \
-        np.asarray(stsb_output.column("id").to_pylist())[ref_order].tolist()
-    cos = cosines(vectors_of(table)[order], vectors_of(stsb_output)[ref_order])
+    shutil.copytree(stsb_output_dir, out)
+    manifest = json.loads((out / MANIFEST).read_text())
+    shards = len(manifest["done"])
+    for k in ("1", "3"):
+        del manifest["done"][k]
+    manifest["complete"] = False
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    (out / "part-00003.parquet").unlink()
+    args = (str(stsb_input), "--output", str(out), "--device", "cpu", "--shard-rows", "1000", "--ray", "--workers", "2")
+    p = run_embed(*args, timeout=400)
+    assert p.stderr.strip().endswith(f"2 shards written, {shards - 2} already done"), p.stderr[-1500:]
+    assert json.loads((out / MANIFEST).read_text())["complete"]
+    assert sorted(f.name for f in out.iterdir()) == sorted(f.name for f in stsb_output_dir.iterdir())
+    table = read_output(out)
+    assert table.column("id").to_pylist() == stsb_output.column("id").to_pylist()
+    assert table.schema == stsb_output.schema
+    cos = cosines(vectors_of(table), vectors_of(stsb_output))
     assert cos.min() >= 0.99999
+    assert "0 shards written" in run_embed(*args).stderr  # decided from the manifest, before Ray starts
+
+
+def test_csv_cells_are_embedded_as_written(tiny_model: Path, tmp_path: Path) -> None:
+    """`0123,007` → id "0123", text "007" (pyarrow's type inference made them 123 and "7"); a column
+    numeric for 200,000 rows and then `hello world` (inferred from the first 1 MiB block, it aborted
+    the job after shards were written): every row embedded."""
+    src = tmp_path / "in.csv"
+    with open(src, "w", encoding="utf-8") as f:
+        f.write("id,text\n0123,007\n123,1.50\n")
+        f.writelines(f"{i},{i % 1000}\n" for i in range(200_000))
+        f.write("x,hello world\n")
+    common = ("--model", str(tiny_model), "--device", "cpu")
+    run_embed(str(src), "--output", str(tmp_path / "out"), "--shard-rows", "100000", *common)
+    table = read_output(tmp_path / "out")
+    ids = table.column("id").to_pylist()
+    assert len(ids) == 200_003 and ids[:3] == ["0123", "123", "0"] and ids[-1] == "x"
+    ref = tmp_path / "ref.txt"  # a text file is read as text: its vectors are the reference
+    ref.write_text("007\n7\n1.50\n1.5\nhello world\n")
+    run_embed(str(ref), "--output", str(tmp_path / "ref"), *common)
+    want, got = vectors_of(read_output(tmp_path / "ref")), vectors_of(table)
+    np.testing.assert_allclose(got[[0, 1, -1]], want[[0, 2, 4]], atol=1e-5)
+    assert cosines(want[[0, 2]], want[[1, 3]]).max() < 0.9999  # "7" or "1.5" would have been told apart
+
+
+def _bad_parquet(path: Path) -> None:
+    pq.write_table(pa.table({"text": pa.array([b"ok", b"bad \xff"], pa.binary())}), path)
+
+
+@pytest.mark.parametrize("name,write,where,ray", [
+    ("object.jsonl", lambda p: p.write_text('{"text": {"a": 1}}\n'), "line 1: 'text' is a JSON object", False),
+    ("bytes.jsonl", lambda p: p.write_bytes(b'{"text": "ok"}\n{"text": "bad \xff"}\n'), "line 2: 'text' is not valid UTF-8",
+     False),
+    ("bytes.parquet", _bad_parquet, "row 2: 'text' is not valid UTF-8", False),
+    ("bytes.parquet", _bad_parquet, "row 2: 'text' is not valid UTF-8", True),  # found before Ray starts
+])
+def test_a_bad_row_is_one_error_line(tiny_model: Path, tmp_path: Path, name: str, write: Any, where: str,
+                                     ray: bool) -> None:
+    """A bad row ends the job with exit 2 and one `error:` line naming the file and the line (was: a
+    traceback, or an error without either); no shard, and the job is not marked complete."""
+    src = tmp_path / name
+    write(src)
+    out = tmp_path / "out"
+    p = subprocess.run(embed_cmd(str(src), "--output", str(out), "--model", str(tiny_model), "--device", "cpu",
+                                 *(["--ray"] if ray else [])), env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert [line for line in p.stderr.splitlines() if line.startswith("error:")] == \
+        [line for line in p.stderr.splitlines() if line.startswith(f"error: {src}: {where}")], p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1].startswith(f"error: {src}: {where}")
+    assert not list(out.glob("part-*"))
+    assert not (out / MANIFEST).exists() if ray else not json.loads((out / MANIFEST).read_text())["complete"]
+
+
+def test_a_bad_row_after_finished_shards_leaves_only_whole_shards(tiny_model: Path, tmp_path: Path) -> None:
+    """Invalid UTF-8 on line 5,001 of a text file, 1,000-row shards: the rows before it are embedded
+    and their shards stay listed, whole; the shard it falls in is neither written nor listed; the same
+    command run again stops at the same line instead of taking the job for done. (The tokenizer's
+    queued work used to be cancelled at the error: a CancelledError traceback.)"""
+    src, out = tmp_path / "docs.txt", tmp_path / "out"
+    src.write_bytes(b"".join(f"document {i}\n".encode() for i in range(5000)) + b"bad \xff byte\nafter\n")
+    cmd = embed_cmd(str(src), "--output", str(out), "--model", str(tiny_model), "--device", "cpu", "--shard-rows", "1000")
+    for _ in range(2):
+        p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert p.stderr.strip().splitlines()[-1] == f"error: {src}: line 5001: not valid UTF-8 (byte 0xff at column 5)"
+        manifest = json.loads((out / MANIFEST).read_text())
+        assert not manifest["complete"] and set(manifest["done"]) == {"0", "1", "2", "3"}, manifest
+        assert all(rows == 1000 for rows in manifest["done"].values()), manifest
+        assert sorted(f.name for f in out.glob("part-*")) == [f"part-{int(k):05d}.parquet" for k in sorted(manifest["done"])]
 
 
 @pytest.mark.slow

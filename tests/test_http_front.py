@@ -19,8 +19,9 @@ import pytest
 from helpers import BouquetProcess
 from reliability import any_error_shape, rss_kb
 
-# connect-idle 1 s, head 1.5 s, body 2 s, pauses 1 s, 40 connections; sizes at their defaults
-FLAGS = ("--engine", "noop", "--timeout-connect-idle", "1", "--timeout-headers", "1.5", "--timeout-body", "2",
+# one gateway process (the RSS and the cap are per process); connect-idle 1 s, head 1.5 s, body 2 s,
+# pauses 1 s, 40 connections; sizes at their defaults
+FLAGS = ("--engine", "noop", "--gateway-workers", "1", "--timeout-connect-idle", "1", "--timeout-headers", "1.5", "--timeout-body", "2",
          "--timeout-read-gap", "1", "--max-connections", "40")
 HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
 EMBED = b'{"input": "hi"}'
@@ -79,6 +80,7 @@ def refused(s: socket.socket, status: int, code: str, path: str = "/health") -> 
     obj = orjson.loads(body)
     assert got == status, (got, obj)
     any_error_shape(path, obj)
+    assert headers["x-request-id"], headers
     if path.startswith("/v1/"):
         assert obj["error"]["code"] == code, obj
     assert headers["connection"] == "close" and closed_by_server(s, 5), headers
@@ -341,6 +343,18 @@ def test_request_semantics(front, what, payload, status):
         elif what.startswith("asterisk"):
             assert headers["allow"] == "GET, HEAD, POST, OPTIONS" and headers["content-length"] == "0"
     served(front)
+
+
+def test_refusals_echo_the_request_id_once_the_head_is_parsed(front):
+    """A refusal of a parsed head (two Host lines) carries the client's X-Request-Id; one whose
+    head never completed (431) carries a generated id: nothing the client sent is trusted there."""
+    with connect(front) as s:
+        s.sendall(get(b"/health", headers=b"Host: a\r\nHost: a\r\nX-Request-Id: abc-123\r\n"))
+        assert read_reply(s)[1]["x-request-id"] == "abc-123"
+    with connect(front) as s:
+        s.sendall(get(b"/health", headers=b"X-Request-Id: abc-123\r\nX-Big: " + b"a" * 70000 + b"\r\n"))
+        status, headers, _ = read_reply(s)
+        assert status == 431 and len(headers["x-request-id"]) == 32 and headers["x-request-id"] != "abc-123"
 
 
 # ---- configuration ----------------------------------------------------------------------------

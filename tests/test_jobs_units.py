@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_missing_columns_and_unknown_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown input type"):
         discover(tmp_path / "x.docx")
     (tmp_path / "nulls.jsonl").write_text('{"text": "a"}\n{"text": null}\n')
-    with pytest.raises(InputError, match=r"line 2 \(counting from 1\) has no 'text'"):  # JSONL has no header
+    with pytest.raises(InputError, match=r"nulls.jsonl: line 2: no 'text' value$"):  # JSONL has no header
         rows_of(tmp_path / "nulls.jsonl")
 
 
@@ -87,6 +88,60 @@ def test_malformed_jsonl_names_the_file_and_line(tmp_path: Path, body: str, mess
     with pytest.raises(InputError, match=rf"bad.jsonl: cannot be read as JSONL: {message}"):
         resolve_id_column(discover(p), "text", None)  # the job's first read: the columns
         rows_of(p)
+
+
+def test_csv_and_tsv_cells_are_read_as_written(tmp_path: Path) -> None:
+    """CSV has no types: pyarrow's inference read `0123` as the int 123 and `007` as 7."""
+    (tmp_path / "a.csv").write_text('id,text\n0123,007\n123,1.50\n"0x1F","1e3"\n')
+    (tmp_path / "b.tsv").write_text("id\ttext\n0123\t007\n123\t1.50\n0x1F\t1e3\n")
+    for name in ("a.csv", "b.tsv"):
+        assert rows_of(tmp_path / name) == [("0123", "007"), ("123", "1.50"), ("0x1F", "1e3")], name
+
+
+def _parquet(path: Path, **columns: pa.Array) -> bytes:
+    pq.write_table(pa.table(columns), path)
+    return path.read_bytes()
+
+
+# One row per kind of bad row: the file's content, then the message after "FILE: " (a regex).
+BAD_ROWS = [
+    ("a.jsonl", b'{"text": "ok"}\n{"text": {"a": 1}}\n', r"cannot be read as JSONL: line 2: 'text' is a JSON object, but a string on line 1"),
+    ("a.jsonl", b'{"text": {"a": 1}}\n', r"line 1: 'text' is a JSON object; documents must be strings"),
+    ("a.jsonl", b'\n{"text": [1, 2]}\n', r"line 2: 'text' is a JSON array; documents must be strings"),
+    ("a.jsonl", b'{"text": 1.50}\n', r"line 1: 'text' is a JSON number; documents must be strings"),
+    ("a.jsonl", b'{"text": "ok"} {"text": "x\xff"}\n', r"line 1: 'text' is not valid UTF-8 \(byte 0xff at position 2 of"),
+    ("a.jsonl", b'{"text": "ok"}\n\n{"text": "bad \xff"}\n', r"line 3: 'text' is not valid UTF-8 \(byte 0xff at position 5"),
+    ("a.jsonl", b'{"id": 1.50, "text": "a"}\n', r"line 1: 'id' is a JSON number; ids must be integers or strings"),
+    ("a.jsonl", b'{"id": "x", "text": "a"}\n{"id": null, "text": "b"}\n', r"line 2: no 'id' value"),
+    ("a.txt", b"ok\nfine\nbad \xff here\n", r"line 3: not valid UTF-8 \(byte 0xff at column 5\)"),
+    ("a.csv", b'id,text\n1,"two\nlines"\n2,\xff\n', r"line 4 \(data row 2\): 'text' is not valid UTF-8"),
+    ("a.csv", b"id,text\n1,a\n,b\n", r"line 3 \(data row 2\): empty 'id'"),
+    ("a.tsv", b"id\ttext\n1\ta\n2\tb\tc\n", r"cannot be read as TSV: line 3: 3 fields where the header has 2"),
+    ("a.parquet", None, r"row 3: 'text' is not valid UTF-8 \(byte 0xff at position 5"),
+]
+
+
+@pytest.mark.parametrize("name,body,message", BAD_ROWS)
+def test_every_bad_row_names_its_file_and_line(tmp_path: Path, name: str, body: bytes | None, message: str) -> None:
+    p = tmp_path / name
+    if body is None:  # a binary column (Parquet's type for bytes) whose third value is not UTF-8
+        _parquet(p, id=pa.array([1, 2, 3]), text=pa.array([b"ok", b"fine", b"bad \xff"], pa.binary()))
+    else:
+        p.write_bytes(body)
+    with pytest.raises(InputError, match=rf"^{re.escape(str(p))}: {message}"):
+        rows_of(p)
+
+
+def test_typed_columns_keep_their_schema(tmp_path: Path) -> None:
+    """Parquet and JSONL carry types: integer ids stay int64, string ids stay as written, a binary
+    text column holding UTF-8 is text."""
+    p = tmp_path / "a.parquet"
+    _parquet(p, id=pa.array([7, 8], pa.int32()), text=pa.array(["é".encode(), b"x"], pa.binary()))
+    assert rows_of(p) == [(7, "é"), (8, "x")]
+    (tmp_path / "b.jsonl").write_text('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n')
+    assert rows_of(tmp_path / "b.jsonl") == [(1, "a"), (2, "b")]
+    (tmp_path / "c.jsonl").write_text('{"id": "0123", "text": "007"}\n')
+    assert rows_of(tmp_path / "c.jsonl") == [("0123", "007")]
 
 
 def test_packer_respects_budgets_and_keeps_order() -> None:

@@ -128,7 +128,8 @@ def test_replica_startup_error_is_one_line(tmp_path, damage):
 def test_cuda_without_gpu_is_one_line(tmp_path):
     code, out = serve_fails("--port", str(free_port()), "--device", "cuda", env={"TMPDIR": str(tmp_path)})
     assert code == 1, out
-    assert last_line(out) == "error: server replica on cuda: cuda was requested (--device cuda or --gpus) but torch sees no CUDA device", out
+    assert last_line(out) == ("error: server replica on cuda: cuda was requested (--device cuda or --gpus) but torch sees "
+                              "no CUDA device; use --device cpu (or auto) on a machine without a GPU"), out
     assert "Traceback" not in out, out
     assert list(tmp_path.glob("bouquet-*/")) == []
 
@@ -141,10 +142,13 @@ def test_bad_environment_value_is_a_usage_error(tmp_path):
     code, out = serve_fails(env=env)
     assert code == 2 and "Traceback" not in out, out
     assert "Invalid value for '--port' (env var: 'BOUQUET_PORT')" in out, out
-    for args in (["--version"], ["serve", "--help"], ["embed", "--help"]):
+    # -h is --help everywhere (issue 39: `bouquet embed -h` was "No such option")
+    for args in (["--version"], ["serve", "--help"], ["embed", "--help"], ["-h"], ["embed", "-h"], ["serve", "-h"],
+                 ["server", "-h"], ["bench", "-h"]):
         done = subprocess.run([sys.executable, "-m", "bouquet", *args], capture_output=True, text=True, timeout=60,
                               cwd=REPO, env={**os.environ, **env})
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert "Usage: bouquet" in done.stdout or args == ["--version"], (args, done.stdout[:300])
     shown = subprocess.run([sys.executable, "-m", "bouquet", "serve", "--help"], capture_output=True, text=True,
                            timeout=60, cwd=REPO).stdout
     for name in ("BOUQUET_HOST", "BOUQUET_PORT", "BOUQUET_DEVICE", "BOUQUET_MODEL", "BOUQUET_API_KEY"):

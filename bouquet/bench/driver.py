@@ -47,8 +47,8 @@ class BenchOptions:
     openai_model: str | None = None
     graph_check: bool = True
     commit: str | None = None
-    gateway_workers: int = 1  # gateway processes of the HTTP server the bench starts
-    replicas_per_gpu: int = 1  # replica processes of the HTTP server the bench starts
+    gateway_workers: int = 0  # gateway processes of the HTTP server the bench starts (0: as `serve` chooses)
+    replicas_per_gpu: int = 0  # replica processes per GPU of that server (0: as `serve` chooses)
     query_texts: Path | None = None  # benchmark 5: one text per line (default: generated, 16-64 tokens)
 
 

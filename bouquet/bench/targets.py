@@ -287,7 +287,7 @@ class ServerProcess:
     Raises RuntimeError with the log's tail when it exits before becoming ready."""
 
     def __init__(self, kind: str, model_dir: Path, device: str, extra_env: dict[str, str] | None = None,
-                 gateway_workers: int = 1, engine: str = "torch", replicas_per_gpu: int = 1,
+                 gateway_workers: int = 0, engine: str = "torch", replicas_per_gpu: int = 0,
                  quantization: str = "none", serve_args: tuple[str, ...] = ()) -> None:
         from bouquet.config import ServeConfig
 

@@ -52,7 +52,8 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"{device} was requested (--device cuda or --gpus) but torch sees no CUDA device")
+        raise ValueError(f"{device} was requested (--device cuda or --gpus) but torch sees no CUDA device; "
+                         "use --device cpu (or auto) on a machine without a GPU")
     return torch.device(device)
 
 

@@ -2,7 +2,7 @@
 
 Routes are thin: parse and validate (inputs.py), tokenize (bouquet/tokenization.py), run on the
 replicas (replicas.py), encode the reply with orjson from numpy rows (http.py). Errors are
-APIError, rendered in the OpenAI shape on ``/v1/*`` and the TEI shape elsewhere. FastAPI holds
+APIError, rendered in the OpenAI shape on ``/v1/*``, Cohere's on ``/v2/*`` and the TEI shape elsewhere. FastAPI holds
 the OpenAPI description of every route (``/openapi.json``, ``/docs``), the lifespan that starts
 the replica pool, and the JSON 404/405 answers; the front serves the routes themselves.
 """
@@ -22,9 +22,9 @@ from starlette.responses import Response
 
 from bouquet.config import ServeConfig
 from bouquet.gateway import openapi_docs as d
-from bouquet.gateway import routes_openai, routes_scoring, routes_sparse, routes_tei
+from bouquet.gateway import routes_cohere, routes_openai, routes_scoring, routes_sparse, routes_tei
 from bouquet.gateway.catalog import Catalog, model_names
-from bouquet.gateway.core import TOKENIZER_THREADS, Gateway
+from bouquet.gateway.core import Gateway, tokenizer_threads
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
 from bouquet.gateway.front import ASGIApp, Front, Routes
@@ -41,11 +41,13 @@ ROUTES = Routes(
           "/v1/score": routes_scoring.score_route, "/embed": routes_tei.embed_route,
           "/rerank": routes_tei.rerank_route, "/tokenize": routes_tei.tokenize_route,
           "/similarity": routes_tei.similarity_route, "/decode": routes_tei.decode_route,
-          "/embed_sparse": routes_sparse.embed_sparse_route, "/embed_all": routes_sparse.embed_all_route},
+          "/embed_sparse": routes_sparse.embed_sparse_route, "/embed_all": routes_sparse.embed_all_route,
+          "/v2/embed": routes_cohere.embed_route},
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
-    kinds={"/v1/embeddings": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
+    public={"/health": routes_openai.health_status_route},
+    kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
 
@@ -59,10 +61,10 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
     Raises ConfigError when two models share a name."""
     cfg = models[0][0]
     # One tokenizer thread pool and one metrics registry for the process, whatever the model count.
-    executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="bouquet-tok")
+    executor = ThreadPoolExecutor(tokenizer_threads(cfg), thread_name_prefix="bouquet-tok")
     metrics = GatewayMetrics()
     gateways = [Gateway(c, spec, ReplicaPool(list(c.servers), c.chunk_tokens, c.interactive_max_tokens,
-                                             ipc_paths=list(c.ipc_paths)),
+                                             ipc_paths=list(c.ipc_paths), api_key=c.api_key),
                         TextTokenizer(spec), public_id, names, executor=executor, metrics=metrics)
                 for (c, spec), (public_id, names) in zip(models, model_names(models))]
     catalog = Catalog.of(gateways)
@@ -88,7 +90,7 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
     # redirect_slashes off: Starlette would answer "/v1/embeddings/" with an empty 307 whose Location
     # is built from the client's Host header; a JSON 404 that names the route is what clients can use
     api = FastAPI(title="bouquet", version=routes_openai.VERSION, lifespan=lifespan, redirect_slashes=False,
-                  description="Embeddings and reranking: OpenAI-compatible and TEI-compatible routes.")
+                  description="Embeddings and reranking: OpenAI-, Cohere- and TEI-compatible routes.")
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -128,7 +130,8 @@ class Cors(CORSMiddleware):
 
     def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
         super().__init__(app, allow_origins=list(origins), allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
-                         allow_headers=["Authorization", "Content-Type"], max_age=600)
+                         allow_headers=["Authorization", "Content-Type", "X-Request-Id", "traceparent"],
+                         expose_headers=["X-Request-Id"], max_age=600)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "OPTIONS":
@@ -175,3 +178,6 @@ def describe_routes(app: FastAPI) -> None:
     for path, method, request, response, tei, summary in docs:
         kw = d.route_docs(request, response, tei=tei, media_type="text/plain" if path == "/metrics" else "application/json")
         app.add_api_route(path, _served_by_front, methods=[method], summary=summary, **kw)
+    app.add_api_route("/v2/embed", _served_by_front, methods=["POST"],
+                      summary="Cohere v2 embed: float, int8, uint8, binary, ubinary and base64 vectors",
+                      **d.route_docs(d.COHERE_EMBED_REQUEST, d.COHERE_EMBED_RESPONSE, error=d.COHERE_ERROR))

@@ -20,6 +20,7 @@ from typing import Callable
 import grpc
 import numpy as np
 from bouquet.gateway.errors import APIError
+from bouquet.gateway.tracing import TRACE
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.proto import ipc
 from bouquet.proto.rpc import InferenceStub
@@ -59,7 +60,9 @@ class Packed:
 
 _HTTP_OF_GRPC = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.FAILED_PRECONDITION: 422,
                  grpc.StatusCode.DEADLINE_EXCEEDED: 504}
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}
+# UNAUTHENTICATED: this replica wants another API key; the others may take the call
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+              grpc.StatusCode.UNAUTHENTICATED}
 
 
 def _rows(data: bytes | memoryview, shape: tuple[int, int], n: int, where: str) -> np.ndarray:
@@ -88,8 +91,10 @@ class GrpcChannel:
                               pool_skip=pool_skip)  # type: ignore[arg-type]
         if normalize is not None:
             req.normalize = normalize
+        trace = TRACE.get()
+        metadata = () if trace is None else (("traceparent", trace.traceparent), ("x-request-id", trace.request_id))
         try:
-            rep = await self.stub.Embed(req, timeout=timeout_s)
+            rep = await self.stub.Embed(req, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as e:
             code = e.code()
             if code in _RETRYABLE:
@@ -172,9 +177,10 @@ class IpcChannel(asyncio.Protocol):
         if transport is None:
             raise ReplicaUnavailable(f"no connection to {self.address}")
         cid = next(self._ids)
+        trace = TRACE.get()
         transport.write(ipc.frame(
             ipc.EmbedCall(cid, call.num_seqs, bool(call.token_type_ids), priority, normalize, dimensions or 0, per_token,
-                          pool_skip),
+                          pool_skip, *(() if trace is None else (trace.traceparent, trace.request_id))),
             call.lengths, call.input_ids, call.token_type_ids))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[np.ndarray] = loop.create_future()

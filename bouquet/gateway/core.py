@@ -25,7 +25,7 @@ from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong, re
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs).
 INLINE_TOKENIZE_CHARS = 4096
-TOKENIZER_THREADS = 4
+TOKENIZER_THREADS = 4  # per gateway process when the config leaves it open (a gateway built without `serve`)
 PRIORITIES = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH, "auto": pb.PRIORITY_AUTO}
 
 
@@ -131,6 +131,11 @@ class Gateway:
             raise bad_request(str(e), "prompt", "invalid_value") from None
         except KeyError as e:
             raise bad_request(str(e.args[0]), "prompt_name", "invalid_value") from None
+
+
+def tokenizer_threads(cfg: ServeConfig) -> int:
+    """Tokenizer threads of one gateway process: the layout's (``serve`` resolves it) or TOKENIZER_THREADS."""
+    return cfg.tokenizer_threads or TOKENIZER_THREADS
 
 
 def _size(item: Any) -> int:

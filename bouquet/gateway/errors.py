@@ -2,7 +2,8 @@
 
 OpenAI shape (``/v1/*``): ``{"error": {"message", "type", "param", "code"}}`` (OpenAI API
 reference, "Error codes"). TEI shape (TEI routes): ``{"error": "...", "error_type": "..."}``
-(text-embeddings-inference's ``ErrorResponse``).
+(text-embeddings-inference's ``ErrorResponse``). Cohere shape (``/v2/*``): ``{"message": "..."}``
+(the body the Cohere API answers errors with; the ``cohere`` SDK raises by status and keeps it).
 """
 from __future__ import annotations
 
@@ -34,8 +35,16 @@ class APIError(Exception):
         body = {"error": self.message, "error_type": _TEI_TYPES.get(self.status, "Validation")}
         return Response(orjson.dumps(body), status_code=self.status, media_type="application/json", headers=self.headers)
 
+    def cohere_response(self) -> Response:
+        return Response(orjson.dumps({"message": self.message}), status_code=self.status, media_type="application/json",
+                        headers=self.headers)
+
     def response_for(self, path: str) -> Response:
-        return self.openai_response() if path.startswith("/v1/") or path == "/v1" else self.tei_response()
+        if path.startswith("/v1/") or path == "/v1":
+            return self.openai_response()
+        if path.startswith("/v2/") or path == "/v2":
+            return self.cohere_response()
+        return self.tei_response()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

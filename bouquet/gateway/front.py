@@ -1,7 +1,9 @@
 """The gateway's outermost ASGI app: one layer between uvicorn and the routes.
 
-Per request, in this order: drain (503 while shutting down), API key, routing, body read and JSON
-parse (POST routes), cancellation when the client goes away, the route, error rendering, metrics.
+Per request, in this order: request id and trace context (tracing.py), drain (503 while shutting
+down), API key, routing, body read and JSON parse (POST routes), cancellation when the client goes
+away, the route, error rendering, metrics and the request's log line (``bouquet.access``: answers
+of 400 and above at INFO but /health's, the others at DEBUG, each with its request id).
 These were five stacked middlewares plus FastAPI's per-request machinery (dependency solving,
 two ``AsyncExitStack``s, route matching over every route): as much CPU as a small request's own
 work (bench/results/serving-path-cpu.md). FastAPI still holds the OpenAPI description of every
@@ -23,13 +25,14 @@ import asyncio
 import hmac
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, MutableMapping
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from bouquet.gateway.catalog import Catalog, RouteKind
+from bouquet.gateway.tracing import REQUEST_ID_HEADER, TRACE, Trace, request_headers
 from bouquet.gateway.core import Gateway
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
@@ -44,7 +47,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PostRoute = Callable[[Gateway, dict[str, Any]], Awaitable[Response]]
 GetRoute = Callable[[Catalog], Awaitable[Response]]  # GET routes see every served model
 ItemRoute = Callable[[Catalog, str], Awaitable[Response]]  # GET PREFIX{item}: the rest of the path
-OPEN_PATHS = frozenset({"/health"})  # answered without an API key (load balancers, probes)
+access_log = logging.getLogger("bouquet.access")
 
 
 # status recorded for a request whose client disconnected before the answer (nginx's 499, "client
@@ -57,12 +60,15 @@ class Routes:
     """What the front serves itself: POST routes take the model's Gateway and the parsed JSON body,
     GET (and HEAD) routes the Catalog, GET item routes (``/v1/models/{id}``) the Catalog and the
     rest of the path after their prefix. ``kinds``: the model each POST route needs when several
-    are served (absent = "any")."""
+    are served (absent = "any"). ``public``: GET routes that answer a client without the API key
+    (when one is set) in their own reduced form (``/health``: the status a load balancer needs,
+    no addresses or pids); every other route answers such a client 401."""
 
     post: dict[str, PostRoute]
     get: dict[str, GetRoute]
     get_items: dict[str, ItemRoute]
     kinds: dict[str, RouteKind]
+    public: dict[str, GetRoute] = field(default_factory=dict)
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -125,22 +131,30 @@ class Front:
             return
         t0 = time.perf_counter()
         path, method = scope["path"], scope["method"]
+        rid, traceparent = request_headers(scope["headers"])
+        scope["bouquet.request_id"] = rid
+        if traceparent is not None:  # this request's task only (tracing.py)
+            TRACE.set(Trace(traceparent.decode(), rid.decode()))
         drain = self.drain
         if drain is not None:
             if drain.draining and path != "/metrics":  # the last scrape still sees the drain's counts
                 err = APIError(503, "the server is shutting down; retry on another instance", None, "shutting_down",
                                headers={"Retry-After": str(drain.retry_after_s), "Connection": "close"})
-                await self._send(send, err.response_for(path), path, method, t0)
+                await self._send(send, err.response_for(path), scope, t0)
                 return
             drain.inflight += 1
         try:
-            if self.key is not None and path not in OPEN_PATHS:
+            if self.key is not None:
                 token = bearer_token(scope["headers"])
                 if token is None or not hmac.compare_digest(token, self.key):
+                    public = self.routes.public.get(path) if method in ("GET", "HEAD") else None
+                    if public is not None:
+                        await self._send(send, await public(self.models), scope, t0)
+                        return
                     msg = "missing 'Authorization: Bearer' header" if token is None else "invalid API key"
                     err = APIError(401, f"{msg}; this server requires an API key", None, "invalid_api_key",
                                    headers={"WWW-Authenticate": "Bearer"})
-                    await self._send(send, err.response_for(path), path, method, t0)
+                    await self._send(send, err.response_for(path), scope, t0)
                     return
             if method == "POST" and path in self.routes.post:
                 if drain is None:
@@ -163,9 +177,9 @@ class Front:
                 except APIError as e:
                     response = e.response_for(path)
                 except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
-                    log.exception("unhandled error on %s", path)
+                    log.exception("unhandled error on %s (request id %s)", path, rid.decode())
                     response = internal_error(e).response_for(path)
-                await self._send(send, response, path, method, t0)  # uvicorn sends no body for HEAD
+                await self._send(send, response, scope, t0)  # uvicorn sends no body for HEAD
             else:
                 await self._other(scope, receive, send, t0)
         finally:
@@ -195,13 +209,13 @@ class Front:
         except APIError as e:
             response = e.response_for(path)
         except ClientDisconnect:  # gone before its body arrived: no one to answer
-            self._observe(path, "POST", CLIENT_CLOSED, t0)
+            self._observe(scope, CLIENT_CLOSED, t0)
             return
         except asyncio.CancelledError:
             drain = self.drain
             if watch.cancelled:  # the client went away while its request ran: counted, not answered
                 task.uncancel()
-                self._observe(path, "POST", CLIENT_CLOSED, t0)
+                self._observe(scope, CLIENT_CLOSED, t0)
                 return
             if drain is None or not drain.expired:
                 raise
@@ -210,7 +224,7 @@ class Front:
                                 None, "shutting_down", headers={"Retry-After": str(drain.retry_after_s),
                                                                 "Connection": "close"}).response_for(path)
         except Exception as e:  # noqa: BLE001 - answered as the API's 500, and logged
-            log.exception("unhandled error on %s", path)
+            log.exception("unhandled error on %s (request id %s)", path, scope["bouquet.request_id"].decode())
             response = internal_error(e).response_for(path)
         finally:
             watch.started = True
@@ -218,35 +232,46 @@ class Front:
                 timer.cancel()
             if watch.watcher is not None:
                 watch.watcher.cancel()
-        await self._send(send, response, path, "POST", t0)
+        await self._send(send, response, scope, t0)
 
-    async def _send(self, send: Send, response: Response, route: str, method: str, t0: float) -> None:
+    async def _send(self, send: Send, response: Response, scope: Scope, t0: float) -> None:
         status = response.status_code
-        await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+        headers = [*response.raw_headers, (REQUEST_ID_HEADER, scope["bouquet.request_id"])]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
-        self._observe(route, method, status, t0)
+        self._observe(scope, status, t0)
 
     async def _other(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         """FastAPI: docs, unknown paths (404), wrong methods (405); counted under the path's route
         when it is one of ours (a 405 on /v1/embeddings), else under "other"."""
         status = 500
+        rid = (REQUEST_ID_HEADER, scope["bouquet.request_id"])
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), rid]}
             await send(message)
 
         try:
             await self.api(scope, receive, send_status)
         finally:
-            self._observe(scope["path"], scope["method"], status, t0)
+            self._observe(scope, status, t0)
 
-    def _observe(self, route: str, method: str, status: int, t0: float) -> None:
+    def _observe(self, scope: Scope, status: int, t0: float) -> None:
+        """Metrics and the request's log line (module docstring)."""
+        route, method = scope["path"], scope["method"]
+        elapsed = time.perf_counter() - t0
+        # /health's 503s while loading are probes' routine, not errors to read
+        level = logging.INFO if status >= 400 and route != "/health" else logging.DEBUG
+        if access_log.isEnabledFor(level):  # the path as sent, at most 200 characters: it is the client's text
+            access_log.log(level, "%s %.200r %d %.1f ms request_id=%s", method, route, status, elapsed * 1e3,
+                           scope["bouquet.request_id"].decode())
         if route not in self.known:
             prefix = self._item(route)
             route = prefix + "{id}" if prefix else "other"
-        self._latency[route].observe(time.perf_counter() - t0)
+        self._latency[route].observe(elapsed)
         key = (route, method, status)
         count = self._count.get(key)
         if count is None:

@@ -1,14 +1,12 @@
-"""HTTP helpers of the routes: reading and parsing bodies, writing JSON answers, encoding vectors.
+"""HTTP helpers of the routes: reading and parsing bodies, writing JSON answers.
 
-JSON is orjson both ways; vectors are written from numpy rows (float) or as base64 of
-little-endian float32 (``encoding_format: base64``, the OpenAI SDKs' default).
+JSON is orjson both ways; numpy rows are written as numbers. Vector encodings (base64, int8,
+binary, ...) are encodings.py's.
 """
 from __future__ import annotations
 
-import base64
 from typing import Any, Awaitable, Callable, MutableMapping
 
-import numpy as np
 import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -107,10 +105,3 @@ def parse_json(body: bytes) -> dict[str, Any]:
 def json_response(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, media_type="application/json")
 
-
-def encode_vectors(vectors: np.ndarray, fmt: str) -> list[Any]:
-    """[N, D] float32 → per-row JSON values: numpy rows (orjson writes them) or base64 of LE float32."""
-    if fmt == "base64":
-        v = np.ascontiguousarray(vectors, dtype="<f4")
-        return [base64.b64encode(row).decode("ascii") for row in v]
-    return list(vectors)

@@ -81,14 +81,16 @@ def _check_ids(ids: list[Any], param: str) -> None:
     # A Python loop over each id cost ~13 ms per 100 × 512 ids (bench/results/*gateway-ids*).
     if set(map(type, ids)) == {int} and -(2**31) <= min(ids) and max(ids) < 2**31:
         return
+    # ``param`` names the input (one sequence), the message the position in it, as the replica's
+    # vocabulary check does ("input[1] has token id -1 at position 2"): a bare list of ids is one
+    # input, ``input``, not ``input[j]``, which would read as the j-th input.
     for j, t in enumerate(ids):
         if _too_big(t):
-            raise bad_request(f"{param}[{j}] = {shown(t)} is not a valid token id (out of range)", f"{param}[{j}]",
-                              "invalid_token_id")
+            raise bad_request(f"{param} has token id {shown(t)} at position {j}, out of range", param, "invalid_token_id")
         if not _is_int(t):
-            raise bad_request(f"{param}[{j}] must be an integer token id, got {json_type(t)}", f"{param}[{j}]", "invalid_type")
+            raise bad_request(f"{param} has {json_type(t)} at position {j}; token ids are integers", param, "invalid_type")
         if not -(2**31) <= t < 2**31:
-            raise bad_request(f"{param}[{j}] = {t} is not a valid token id", f"{param}[{j}]", "invalid_token_id")
+            raise bad_request(f"{param} has token id {t} at position {j}, out of range", param, "invalid_token_id")
 
 
 def opt_bool(body: dict[str, Any], key: str) -> bool | None:
@@ -122,15 +124,15 @@ def opt_str(body: dict[str, Any], key: str, choices: tuple[str, ...] | None = No
     return v
 
 
-def check_dimensions(dims: int | None, full: int, allowed: tuple[int, ...]) -> int | None:
+def check_dimensions(dims: int | None, full: int, allowed: tuple[int, ...], param: str = "dimensions") -> int | None:
     """Matryoshka size: None, or 1 ≤ dims ≤ full (and among ``allowed`` when the model lists
-    its sizes). Raises APIError 400."""
+    its sizes). Raises APIError 400 naming ``param``."""
     if dims is None:
         return None
     if dims <= 0 or dims > full:
-        raise bad_request(f"'dimensions' must be between 1 and {full} for this model, got {dims}", "dimensions", "invalid_value")
+        raise bad_request(f"'{param}' must be between 1 and {full} for this model, got {dims}", param, "invalid_value")
     if allowed and dims not in allowed and dims != full:
-        raise bad_request(f"'dimensions' must be one of {sorted(allowed)} for this model, got {dims}", "dimensions", "invalid_value")
+        raise bad_request(f"'{param}' must be one of {sorted(allowed)} for this model, got {dims}", param, "invalid_value")
     return None if dims == full else dims
 
 

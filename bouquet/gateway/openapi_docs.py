@@ -47,11 +47,14 @@ def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, 
 OPENAI_ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": {"type": "string", "nullable": True},
                                    "code": {"type": "string", "nullable": True}})}, ["error"])
 TEI_ERROR = _obj({"error": _STR, "error_type": _STR}, ["error", "error_type"])
+COHERE_ERROR = _obj({"message": _STR}, ["message"])
 _SPARSE_VEC = _obj({"indices": _IDS, "values": _VEC})
 
 EMBEDDINGS_REQUEST = _obj({
     "input": _INPUT, "model": _STR,
-    "encoding_format": {"type": "string", "enum": ["float", "base64"], "description": "base64: little-endian float32"},
+    "encoding_format": {"type": "string", "enum": ["float", "base64", "float16", "int8", "uint8", "binary", "ubinary"],
+                        "description": "base64: little-endian float32; float16: base64 of little-endian float16; "
+                                       "int8/uint8/binary/ubinary: integer lists (docs/api.md)"},
     "dimensions": _optional_int(1, "Matryoshka: keep the first N values, re-normalize"),
     "user": _STR, "truncate": _BOOL, "truncation_side": {"type": "string", "enum": ["left", "right"]},
     "long_input": _LONG, "prompt_name": _STR, "prompt": _STR, "normalize": _BOOL, "priority": _PRIORITY,
@@ -59,6 +62,24 @@ EMBEDDINGS_REQUEST = _obj({
                "description": "sparse: SPLADE and bge-m3 lexical weights; multi_vector: per-token (ColBERT) vectors"},
     **_SPARSE_OPTIONS,
 }, ["input"])
+_COHERE_TYPES = ["float", "int8", "uint8", "binary", "ubinary", "base64"]  # encodings.COHERE_TYPES
+COHERE_EMBED_REQUEST = _obj({
+    "model": _STR, "texts": {"type": "array", "items": _TEXT, "minItems": 1},
+    "input_type": {"type": "string", "enum": ["search_document", "search_query", "classification", "clustering"],
+                   "description": "Mapped to the model's prompt of that kind (docs/api.md); none when it has none"},
+    "embedding_types": {"type": "array", "items": {"type": "string", "enum": _COHERE_TYPES}, "minItems": 1,
+                        "description": "Default [\"float\"]; int8/uint8/binary/ubinary as docs/api.md defines them"},
+    "truncate": {"type": "string", "enum": ["NONE", "START", "END"],
+                 "description": "START drops the start, END the end; NONE: 400 for an over-long text"},
+    "output_dimension": _optional_int(1, "Matryoshka: keep the first N values, re-normalize"),
+}, ["model", "texts", "input_type"])
+_INT_ROWS = {"type": "array", "items": {"type": "array", "items": _INT}}
+COHERE_EMBED_RESPONSE = _obj({
+    "id": _STR, "response_type": _STR, "texts": {"type": "array", "items": _STR},
+    "embeddings": _obj({"float": {"type": "array", "items": _VEC}, "int8": _INT_ROWS, "uint8": _INT_ROWS,
+                        "binary": _INT_ROWS, "ubinary": _INT_ROWS, "base64": {"type": "array", "items": _STR}}),
+    "meta": _obj({"api_version": _obj({"version": _STR}), "billed_units": _obj({"input_tokens": _INT})}),
+})
 _CHUNK = _obj({"embedding": {"oneOf": [_VEC, _STR]}, "tokens": {**_IDS, "description": "[start, end) token offsets"},
                "chars": {**_IDS, "description": "[start, end) character offsets"}})
 EMBEDDINGS_RESPONSE = _obj({
@@ -116,7 +137,9 @@ TEI_SIMILARITY_REQUEST = _obj({
 TEI_SIMILARITY_RESPONSE = {"type": "array", "items": _NUM}
 TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {"type": "object"},
                           "max_input_length": _INT, "max_batch_tokens": _INT, "max_client_batch_size": _INT,
-                          "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR})
+                          "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR,
+                          "layout": _obj({"gateway_workers": _INT, "tokenizer_threads": _INT, "replicas": _INT,
+                                          "replicas_per_gpu": _INT, "chosen": _STR})})
 
 _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
                 411: "POST without Content-Length", 413: "Body too large or too many inputs",
@@ -126,10 +149,10 @@ _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "U
 
 
 def route_docs(request: dict[str, Any] | None, response: dict[str, Any], tei: bool = False,
-               media_type: str = "application/json") -> dict[str, Any]:
+               media_type: str = "application/json", error: dict[str, Any] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``add_api_route``: the request body schema (``openapi_extra``) and the
-    200 and error responses in the family's error shape."""
-    err = TEI_ERROR if tei else OPENAI_ERROR
+    200 and error responses in the family's error shape (``error``, else TEI's or OpenAI's)."""
+    err = error or (TEI_ERROR if tei else OPENAI_ERROR)
     responses: dict[int | str, Any] = {200: {"content": {media_type: {"schema": response}}, "description": "OK"}}
     if request is not None:
         for code, text in _STATUS_TEXT.items():

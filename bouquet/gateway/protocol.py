@@ -52,6 +52,7 @@ from bouquet.gateway.errors import APIError
 from bouquet.gateway.http import TRUNCATED
 from bouquet.gateway.limits import HttpLimits
 from bouquet.gateway.request_head import Refusal, bad_request, check_head
+from bouquet.gateway.tracing import new_request_id, request_headers
 
 log = logging.getLogger("bouquet")
 CAP_WARNING_EVERY_S = 60.0  # the connection cap's warning, at most this often per process
@@ -61,11 +62,14 @@ _REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) [^ \r\n]+ HTTP/[0-9
 _CHUNK_OVERHEAD = 32  # bytes of framing allowed per chunk beside the shared budget (size line, CRLFs)
 
 
-def error_bytes(status: int, message: str, code: str, path: str, headers: dict[str, str] | None = None) -> bytes:
-    """A whole HTTP/1.1 error response (JSON body in the family's shape, ``connection: close``)."""
+def error_bytes(status: int, message: str, code: str, path: str, headers: dict[str, str] | None = None,
+                request_id: bytes | None = None) -> bytes:
+    """A whole HTTP/1.1 error response (JSON body in the family's shape, ``connection: close``);
+    ``request_id``: the one to answer with (tracing.py), None to generate one."""
     response = APIError(status, message, None, code, headers=headers).response_for(path)
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     head += [k + b": " + v for k, v in response.raw_headers]
+    head.append(b"x-request-id: " + (request_id or new_request_id()))
     head.append(b"connection: close")
     return b"\r\n".join(head) + b"\r\n\r\n" + response.body
 
@@ -99,6 +103,7 @@ class HttpProtocol(HttpToolsProtocol):
         self.parser.set_dangerous_leniencies(lenient_version=True)  # any HTTP/d.d: request_head.py decides
         self._in_message = False  # between on_message_begin and on_message_complete
         self._head_done = False  # the message being parsed has its cycle (headers complete)
+        self._head_parsed = False  # its head is complete (refused or not)
         self._error: bytes | None = None  # a refusal owed after earlier responses (b"": only close)
         self._refusal: Refusal | None = None  # set by a parser callback that refuses the request
         self._flushed = False  # the refusal is written; reading and dropping until the close
@@ -198,13 +203,14 @@ class HttpProtocol(HttpToolsProtocol):
     # --- parser callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_message, self._head_done = True, False
+        self._in_message, self._head_done, self._head_parsed = True, False, False
         self._head_bytes = self._framing = self._chunks = 0
         if self._phase != _HEAD:
             self._phase, self._since = _HEAD, self._last_read
 
     def on_headers_complete(self) -> None:
         # Field lines are counted here: until now their memory was bounded by max_header_bytes.
+        self._head_parsed = True
         refusal = self._cap_refusal() if self._over_cap else None
         if refusal is None and len(self.headers) > self.limits.max_header_count:
             refusal = self._count_refusal()
@@ -329,7 +335,9 @@ class HttpProtocol(HttpToolsProtocol):
     def _refuse(self, refusal: Refusal) -> None:
         """Answer ``refusal`` once the responses owed before it are sent, then close (lingering)."""
         log.debug("bouquet: refused %s (%s): %s", self.client, refusal.status, refusal.message)
-        self._error = error_bytes(refusal.status, refusal.message, refusal.code, self._path(), refusal.headers)
+        # The client's X-Request-Id once its head was parsed; before that, none is trusted.
+        rid = request_headers(self.headers)[0] if self._head_parsed else None
+        self._error = error_bytes(refusal.status, refusal.message, refusal.code, self._path(), refusal.headers, rid)
         if self._in_message and self._head_done:
             # The bad message already has a cycle (the error is in its body): it never reaches the app.
             bad = self.cycle

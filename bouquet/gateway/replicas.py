@@ -27,6 +27,7 @@ from bouquet.config import CHUNK_TOKENS, INTERACTIVE_MAX_TOKENS, REPLICA_POLL_S
 from bouquet.gateway.channels import GrpcChannel, IpcChannel, Packed, ReplicaQueueFull, ReplicaUnavailable
 from bouquet.gateway.coalesce import Coalescer
 from bouquet.gateway.errors import APIError
+from bouquet.gateway.tracing import TRACE
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.proto.rpc import CHANNEL_OPTIONS, InferenceStub
 
@@ -99,6 +100,8 @@ class ReplicaPool:
     coalesce_max_tokens: int = 4096
     # Parallel to ``addresses``: the replica's Unix socket on this host, "" for gRPC only.
     ipc_paths: list[str] = field(default_factory=list)
+    # Sent with every gRPC call (Info, Embed): replicas started with a key refuse calls without it.
+    api_key: str | None = field(default=None, repr=False)
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() of the last health check
@@ -112,7 +115,7 @@ class ReplicaPool:
         paths = self.ipc_paths or [""] * len(self.addresses)
         for a, path in zip(self.addresses, paths):
             ch = grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS)
-            stub = InferenceStub(ch)
+            stub = InferenceStub(ch, self.api_key)
             calls: GrpcChannel | IpcChannel = IpcChannel(path) if path else GrpcChannel(a, stub)
             r = Replica(a, ch, stub, calls)
             if isinstance(calls, IpcChannel):
@@ -148,7 +151,8 @@ class ReplicaPool:
             r.info, r.healthy = info, up
             r.last_error = "" if up else "loading" if not info.ready else f"no IPC connection to {r.calls.address} yet"
         except grpc.aio.AioRpcError as e:
-            r.healthy, r.last_error = False, f"{e.code().name}: {e.details()}"
+            hint = " (give the gateway the replica's API key: BOUQUET_API_KEY)" if e.code() == grpc.StatusCode.UNAUTHENTICATED else ""
+            r.healthy, r.last_error = False, f"{e.code().name}: {e.details()}{hint}"
 
     async def check_health(self) -> None:
         self._probed_at = time.monotonic()
@@ -190,7 +194,8 @@ class ReplicaPool:
         lengths = [len(s) for s in seqs]
         total = sum(lengths)
         priority = self.resolve_priority(priority, total)
-        if type_ids is None and total <= min(self.coalesce_max_tokens, self.chunk_tokens):
+        # a traced request's call is its own, so the replica's log line for it is its alone (tracing.py)
+        if type_ids is None and total <= min(self.coalesce_max_tokens, self.chunk_tokens) and TRACE.get() is None:
             return await self._coalescer.submit(seqs, total, normalize, dimensions, priority, pool_skip)
         parts = chunk_bounds(lengths, self.chunk_tokens)
         results = await gather_or_cancel([

@@ -15,7 +15,8 @@ from bouquet import __version__
 from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request, shown
-from bouquet.gateway.http import encode_vectors, json_response
+from bouquet.gateway.encodings import OPENAI_FORMATS, encode_vectors
+from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bouquet.gateway.pipeline import embed
@@ -34,8 +35,9 @@ async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
     inputs = parse_inputs(body.get("input"), "input", gw.cfg.max_inputs)
     fmt = opt_str(body, "encoding_format")
     fmt = "float" if fmt is None else fmt  # "" is an unknown format, not the default
-    if fmt not in ("float", "base64"):
-        raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {shown(fmt)}", "encoding_format", "invalid_value")
+    if fmt not in OPENAI_FORMATS:  # float, base64 (OpenAI's); the rest bouquet's extension (encodings.py)
+        raise bad_request(f"'encoding_format' must be one of {list(OPENAI_FORMATS)}, got {shown(fmt)}",
+                          "encoding_format", "invalid_value")
     dims = check_dimensions(opt_int(body, "dimensions"), gw.spec.dimension, gw.spec.matryoshka_dims)
     normalize = opt_bool(body, "normalize")
     side = opt_str(body, "truncation_side", ("left", "right")) or "right"
@@ -70,6 +72,14 @@ async def health_route(models: Catalog) -> Response:
     each = [{"model": gw.public_id, "task": gw.spec.task, "status": "ok" if gw.pool.ready else "loading",
              "replicas": [r.describe() for r in gw.pool.replicas]} for gw in models.gateways]
     return json_response({"status": "ok" if ready else "loading", "models": each}, status)
+
+
+async def health_status_route(models: Catalog) -> Response:
+    """``/health`` for a client without the API key (when one is set): ``{"status"}`` and the same
+    200 / 503 as ``health_route``, what a load balancer or probe needs; replicas' addresses, pids
+    and devices are for authenticated clients only."""
+    ready = all(gw.pool.ready for gw in models.gateways)
+    return json_response({"status": "ok" if ready else "loading"}, 200 if ready else 503)
 
 
 def _model(gw: Gateway) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import numpy as np
 from starlette.responses import Response
 
 from bouquet.gateway.core import PRIORITIES, Gateway
-from bouquet.gateway.errors import bad_request, json_type
+from bouquet.gateway.errors import bad_request, json_type, shown
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.scoring import PairFields, score_pairs
@@ -59,9 +59,29 @@ def common_options(gw: Gateway, body: dict[str, Any]) -> dict[str, Any]:
             "priority": PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]}
 
 
+# Cohere rerank fields this server does not implement: refused rather than accepted and ignored,
+# so a client never gets scores computed otherwise than it asked (docs/api.md lists every field).
+_COHERE_UNSUPPORTED = {
+    "max_chunks_per_doc": "documents are not split into chunks here; a long document is truncated (see 'truncate')",
+    "max_tokens_per_doc": "documents are cut at the model's maximum length only (see 'truncate')",
+}
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, why in _COHERE_UNSUPPORTED.items():
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is not supported: {why}", name, "unsupported_parameter")
+    fields = body.get("rank_fields")
+    if fields is not None and fields != ["text"]:  # documents are ranked on their 'text' only
+        raise bad_request(f"'rank_fields' can only be [\"text\"] here (documents are strings or {{\"text\": ...}} "
+                          f"objects), got {shown(fields)}", "rank_fields", "unsupported_parameter")
+
+
 async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """Cohere/Jina rerank: ``query``, ``documents``, ``top_n``, ``return_documents`` → results sorted
-    by ``relevance_score`` descending, each with its original ``index``."""
+    by ``relevance_score`` descending, each with its original ``index``. Raises APIError 400 for
+    Cohere's ``max_chunks_per_doc`` / ``max_tokens_per_doc``, and ``rank_fields`` other than ["text"]."""
+    _refuse_unsupported(body)
     query = parse_query(body)
     docs = parse_documents(body.get("documents"), "documents", gw.cfg.max_inputs)
     top_n = opt_int(body, "top_n")

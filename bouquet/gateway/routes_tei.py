@@ -15,7 +15,7 @@ import numpy as np
 from starlette.responses import Response
 
 from bouquet.gateway.catalog import Catalog
-from bouquet.gateway.core import PRIORITIES, TOKENIZER_THREADS, Gateway, item_param
+from bouquet.gateway.core import PRIORITIES, Gateway, item_param, tokenizer_threads
 from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
@@ -131,9 +131,10 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     query = parse_query(body)
     texts = parse_texts(body.get("texts"), "texts", gw.cfg.max_inputs)
     return_text = bool(opt_bool(body, "return_text"))
-    _direction(body)  # validated; documents are always cut at their end (TEI truncates the pair)
+    # TEI truncates the pair; here over-long pairs lose document tokens only: "Left" keeps the
+    # document's end, "Right" (the default) its start
     s = await score_pairs(gw, [query] * len(texts), texts, **common_options(gw, body),
-                          fields=PairFields(docs="texts"))
+                          fields=PairFields(docs="texts"), side=_direction(body))
     out = []
     for i in ranked(s.values, None):
         item: dict[str, Any] = {"index": i, "score": float(s.values[i])}
@@ -180,6 +181,10 @@ async def info_route(models: Catalog) -> Response:
         "model_type": model_type, "max_concurrent_requests": 0, "max_input_length": spec.max_seq_length,
         "max_batch_tokens": first.max_batch_tokens if first else 0, "max_batch_requests": None,
         "max_client_batch_size": gw.cfg.max_inputs, "auto_truncate": gw.cfg.truncate,
-        "tokenization_workers": TOKENIZER_THREADS, "version": VERSION, "sha": None,
-        "docker_label": None, "dimension": spec.dimension, "task": spec.task,
+        # threads that can tokenize at once: this process's pool in each gateway worker
+        "tokenization_workers": max(1, gw.cfg.gateway_workers) * tokenizer_threads(gw.cfg), "version": VERSION,
+        "sha": None, "docker_label": None, "dimension": spec.dimension, "task": spec.task,
+        "layout": {"gateway_workers": max(1, gw.cfg.gateway_workers), "tokenizer_threads": tokenizer_threads(gw.cfg),
+                   "replicas": len(gw.cfg.servers), "replicas_per_gpu": max(1, gw.cfg.replicas_per_gpu),
+                   "chosen": gw.cfg.layout or "as configured"},
     })

@@ -14,6 +14,8 @@ Three kinds of model, one contract (``score_pairs`` → one float per pair):
   (or ``passage``) prompt, when the model defines them.
 
 Over-long inputs lose document tokens, never query tokens: a query that alone does not fit gets 400.
+``side`` says which: "right" (the default) keeps the document's start, "left" its end (TEI's
+``truncation_direction``).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.gateway.pipeline import embed
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import TooLong
+from bouquet.tokenization import Side, TooLong
 
 
 @dataclass(frozen=True)
@@ -62,23 +64,24 @@ def score_kind(gw: Gateway) -> str:
 
 async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: bool = False, truncate: bool = True,
                       instruction: str | None = None, priority: int = pb.PRIORITY_AUTO,
-                      fields: PairFields = PairFields()) -> Scores:
-    """Score pair i = (queries[i], docs[i]). Raises APIError (400 for inputs that cannot fit, its
-    ``param`` the request field of ``fields`` at fault)."""
+                      fields: PairFields = PairFields(), side: Side = "right") -> Scores:
+    """Score pair i = (queries[i], docs[i]); over-long documents are cut on ``side``. Raises
+    APIError (400 for inputs that cannot fit, its ``param`` the request field of ``fields`` at
+    fault, and for ``instruction`` sent to a model that takes none)."""
+    if instruction is not None and not gw.spec.pair_template:
+        raise bad_request("'instruction' applies only to instruction-following rerankers (Qwen3-Reranker)",
+                          "instruction", "unsupported_parameter")
     if gw.spec.task == "embed":
-        return await _cosine(gw, queries, docs, truncate, priority, fields)
+        return await _cosine(gw, queries, docs, truncate, priority, fields, side)
     template = gw.spec.pair_template  # set by modelspec for causal-LM rerankers (Qwen3-Reranker)
     if template:
         instr = instruction or gw.spec.default_instruction or ""
-        texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate, fields)
+        texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate, fields, side)
         logits = await gw.infer(texts, None, None, None, priority)
         col = logits[:, 0].astype(np.float64)
         return Scores(col if raw else _sigmoid(col), int(sum(len(t) for t in texts)))
-    if instruction is not None:
-        raise bad_request("'instruction' applies only to instruction-following rerankers (Qwen3-Reranker)",
-                          "instruction", "unsupported_parameter")
     try:
-        enc = await gw.run_tokenizer(gw.tokenizer.encode_pairs, list(zip(queries, docs)), "right", truncate)
+        enc = await gw.run_tokenizer(gw.tokenizer.encode_pairs, list(zip(queries, docs)), side, truncate)
     except TooLong as e:
         where = fields.doc_at(e.index)
         raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
@@ -100,9 +103,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, instruction: str,
-               truncate: bool, fields: PairFields) -> list[np.ndarray]:
+               truncate: bool, fields: PairFields, side: Side) -> list[np.ndarray]:
     """Fill the template per pair and tokenize it (no special tokens: the template has them).
-    An over-long pair is re-built with the document cut at a token boundary until it fits."""
+    An over-long pair is re-built with the document cut at a token boundary (its end cut for
+    ``side`` "right", its start for "left") until it fits."""
     tok, limit = gw.tokenizer, gw.tokenizer.max_len
     head_t, _, tail = template.partition("{document}")
     heads = [head_t.replace("{instruction}", instruction).replace("{query}", q) for q in queries]
@@ -115,7 +119,7 @@ def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, 
                 where = fields.doc_at(i)
                 raise bad_request(f"{where}: pair {i} has {len(ids)} tokens, more than the model's maximum of {limit} "
                                   "(truncation is off)", where, "context_length_exceeded")
-            ids = _cut_document(tok, heads[i], docs[i], tail, limit, len(ids) - limit)
+            ids = _cut_document(tok, heads[i], docs[i], tail, limit, len(ids) - limit, side)
             if ids is None:
                 where = fields.query_at(i)
                 raise bad_request(f"{where}: the query of pair {i} does not fit the model's {limit} tokens with any "
@@ -124,11 +128,12 @@ def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, 
     return out
 
 
-def _cut_document(tok: Any, head: str, doc: str, tail: str, limit: int, excess: int) -> list[int] | None:
+def _cut_document(tok: Any, head: str, doc: str, tail: str, limit: int, excess: int, side: Side) -> list[int] | None:
     offsets = tok.encodings([doc], add_special_tokens=False)[0].offsets
     keep = len(offsets) - excess
     while keep > 0:
-        ids = tok.encodings([head + doc[: offsets[keep - 1][1]] + tail], add_special_tokens=False)[0].ids
+        kept = doc[: offsets[keep - 1][1]] if side == "right" else doc[offsets[len(offsets) - keep][0]:]
+        ids = tok.encodings([head + kept + tail], add_special_tokens=False)[0].ids
         if len(ids) <= limit:
             return ids
         keep -= len(ids) - limit  # tokens can merge differently at the cut; shrink and retry
@@ -148,7 +153,7 @@ def _renamed(e: APIError, texts: list[str], unique: list[str], at: Callable[[int
 
 
 async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bool, priority: int,
-                  fields: PairFields) -> Scores:
+                  fields: PairFields, side: Side) -> Scores:
     prompts = gw.spec.prompts
     uq, ud = list(dict.fromkeys(queries)), list(dict.fromkeys(docs))
     # The query side is never truncated (a too-long query is an error); documents follow `truncate`.
@@ -159,7 +164,7 @@ async def _cosine(gw: Gateway, queries: list[str], docs: list[str], truncate: bo
             e.message = e.message.replace("(truncation is off)", "(queries are never truncated; shorten it)")
         raise _renamed(e, queries, uq, fields.query_at) from None
     try:
-        d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", "right",
+        d = await embed(gw, TextInputs(ud, None, False), "truncate" if truncate else "error", side,
                         prompts.get("document", prompts.get("passage")), True, None, priority)
     except APIError as e:
         raise _renamed(e, docs, ud, fields.doc_at) from None

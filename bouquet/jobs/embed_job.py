@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from bouquet.config import MAX_BATCH_SEQS, QUANTIZATIONS, batch_token_budget
 from bouquet.jobs.packer import Group, Packer, run_pipelined
-from bouquet.jobs.reader import RowChunk, discover, estimate_rows, fingerprint, read_chunks, resolve_id_column
+from bouquet.jobs.reader import (InputFile, RowChunk, discover, estimate_rows, fingerprint, read_chunks,
+                                 resolve_id_column)
 from bouquet.jobs.writer import Manifest, OutputFormat, ShardWriter
 
 log = logging.getLogger(__name__)
@@ -178,22 +179,46 @@ class _Producer(threading.Thread):
         return False
 
     def run(self) -> None:
-        finished = False
+        handed_over = False
         try:
             for chunk in self.chunks:
                 if not self._put(self.pool.submit(self.tokenize, chunk)):
                     return
-            finished = self._put(None)
+            handed_over = self._put(None)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which re-raises
-            self._put(e)
+            handed_over = self._put(e)
         finally:
-            # At the end of the input the queued futures are still to be consumed: cancelling them
-            # would fail the job whenever tokenization, not the engine, is the bottleneck. Only an
-            # aborted job (error, Ctrl-C) drops the work not yet started.
-            self.pool.shutdown(wait=False, cancel_futures=not finished)
+            # At the end of the input, or at a bad row, the queued futures are still to be consumed
+            # (the rows before a bad row finish their shards): cancelling them would fail the job
+            # whenever tokenization, not the engine, is the bottleneck. Only a job the main thread
+            # aborted (an engine error, Ctrl-C) drops the work not yet started.
+            self.pool.shutdown(wait=False, cancel_futures=not handed_over)
 
 
-class _Writer(threading.Thread):
+def job_settings(cfg: EmbedJobConfig, spec: Any, files: list[InputFile], id_column: str | None, compute_dtype: str,
+                 prompt: str) -> dict[str, Any]:
+    """What a resumed job must share with the run that wrote the folder (the manifest's settings);
+    the same for the in-process and the Ray job, so either resumes the other."""
+    return {
+        "model": str(spec.path), "text_column": cfg.text_column, "id_column": id_column, "format": cfg.format,
+        "output_dtype": cfg.output_dtype, "compute_dtype": compute_dtype, "quantization": cfg.quantization, "shard_rows": cfg.shard_rows,
+        "prompt": prompt, "normalize": spec.normalize, "dimension": spec.dimension, "input": fingerprint(files),
+    }
+
+
+def start_output(cfg: EmbedJobConfig, manifest: Manifest) -> ShardWriter:
+    """Create the output folder and the manifest (before any shard, so an --overwrite that is
+    interrupted leaves no stale list of done shards); with --overwrite, drop the old shards."""
+    out_dir = Path(cfg.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest.save()
+    if cfg.overwrite:
+        for old in out_dir.glob("part-*"):
+            old.unlink()
+    return ShardWriter(out_dir, cfg.format, cfg.output_dtype, manifest)
+
+
+class WriterThread(threading.Thread):
     """Writes finished shards off the main thread (compression costs CPU); keeps the first error."""
 
     def __init__(self, writer: ShardWriter) -> None:
@@ -239,13 +264,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     device = engine.device if engine is not None else resolve_device(cfg.device)
     compute_dtype = str(engine.dtype if engine is not None else resolve_dtype(cfg.dtype, device)).removeprefix("torch.")
     prompt = resolve_prompt(spec, cfg.prompt)
-    settings = {
-        "model": str(spec.path), "text_column": cfg.text_column, "id_column": id_column, "format": cfg.format,
-        "output_dtype": cfg.output_dtype, "compute_dtype": compute_dtype, "quantization": cfg.quantization, "shard_rows": cfg.shard_rows,
-        "prompt": prompt, "normalize": spec.normalize, "dimension": spec.dimension, "input": fingerprint(files),
-    }
     out_dir = Path(cfg.output)
-    manifest = Manifest.open(out_dir, settings, cfg.overwrite)
+    manifest = Manifest.open(out_dir, job_settings(cfg, spec, files, id_column, compute_dtype, prompt), cfg.overwrite)
     skipped = len(manifest.done)
     if manifest.complete:
         log.info("embed: %s is already complete (%d shards); nothing to do", out_dir, skipped)
@@ -257,12 +277,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
         engine = build_job_engine(spec, cfg.device, cfg.dtype, cfg.max_batch_tokens, cfg.max_batch_seqs, cfg.quantization,
                                   cfg.triton_gemms)
         engine.warmup()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest.save()  # before any shard, so an --overwrite that is interrupted leaves no stale list of done shards
-    if cfg.overwrite:
-        for old in out_dir.glob("part-*"):
-            old.unlink()
-    writer = ShardWriter(out_dir, cfg.format, cfg.output_dtype, manifest)
+    writer = start_output(cfg, manifest)
     budget = batch_token_budget(cfg.max_batch_tokens, engine.device.type, spec.max_seq_length)
     tokenizer = TextTokenizer(spec)
 
@@ -274,30 +289,32 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     chunks = read_chunks(files, cfg.text_column, id_column, min(cfg.chunk_rows, cfg.shard_rows), cfg.shard_rows,
                          frozenset(manifest.done))
     producer = _Producer(chunks, tokenize, tokenizer_threads(cfg.tokenizer_threads), stop)
-    writer_thread = _Writer(writer)
+    writer_thread = WriterThread(writer)
     total = estimate_rows(files) if cfg.progress else None
-    bar = _progress(total, sum(manifest.done.values()), cfg.progress)
-    assembler = _ShardAssembler(cfg.shard_rows, writer_thread)
+    bar = progress_bar(total, sum(manifest.done.values()), cfg.progress)
+    assembler = ShardAssembler(cfg.shard_rows, writer_thread)
     packer = Packer(budget, cfg.max_batch_seqs, tokenizer.prompt_skip(prompt))
     open_groups: list[Group] = []
     t0 = time.perf_counter()
     rows = tokens = 0
 
     def batches() -> Iterator[Any]:
-        eof = False
+        eof, error = False, None
         while True:
             while not eof and packer.pending_tokens < budget:
                 item = producer.out.get()
                 if item is None:
                     eof = True
-                elif isinstance(item, BaseException):
-                    raise item
+                elif isinstance(item, BaseException):  # raised once the rows read before it are embedded
+                    eof, error = True, item
                 else:
                     tok = item.result()
                     group = Group(tok.seqs, tok.chunk, spec.dimension)
                     open_groups.append(group)
                     packer.add(group)
             if not packer:
+                if error is not None:
+                    raise error
                 return
             yield packer.take()
 
@@ -310,7 +327,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
             rows, tokens = rows + n, tokens + t
             done = 0
             while done < len(open_groups) and open_groups[done].filled == open_groups[done].rows:
-                assembler.add(open_groups[done].owner, open_groups[done].vectors)
+                chunk = open_groups[done].owner
+                assembler.add(chunk.start, chunk.ids, open_groups[done].vectors)
                 done += 1
             del open_groups[:done]
             bar.update(n)
@@ -329,24 +347,25 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     return stats
 
 
-class _ShardAssembler:
-    """Collects finished chunks (in input order) into shards and submits each complete shard."""
+class ShardAssembler:
+    """Collects finished rows (in input order) into shards and submits each complete shard."""
 
-    def __init__(self, shard_rows: int, sink: _Writer) -> None:
+    def __init__(self, shard_rows: int, sink: WriterThread) -> None:
         self.shard_rows, self.sink = shard_rows, sink
         self.shard = -1
         self.ids: list[pa.Array] = []
         self.vectors: list[np.ndarray] = []
         self.rows = 0
 
-    def add(self, chunk: RowChunk, vectors: np.ndarray) -> None:
-        shard = chunk.start // self.shard_rows
+    def add(self, start: int, ids: pa.Array, vectors: np.ndarray) -> None:
+        """Rows [start, start + n) of the input: ids [n], vectors [n, D]; within one shard."""
+        shard = start // self.shard_rows
         if shard != self.shard:
             self.flush()
             self.shard = shard
-        self.ids.append(chunk.ids)
+        self.ids.append(ids)
         self.vectors.append(vectors)
-        self.rows += len(chunk.texts)
+        self.rows += len(ids)
         if self.rows == self.shard_rows:
             self.flush()
 
@@ -357,7 +376,7 @@ class _ShardAssembler:
         self.ids, self.vectors, self.rows = [], [], 0
 
 
-def _progress(total: int | None, initial: int, enabled: bool) -> Any:
+def progress_bar(total: int | None, initial: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, unit="rows", unit_scale=False, disable=not enabled,

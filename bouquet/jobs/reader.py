@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
+
+from bouquet.jobs.rows import InputError, bad_csv_record, bad_utf8_line, first_bad_jsonl_line, id_values, text_values
 
 Format = Literal["jsonl", "csv", "tsv", "parquet", "text"]
 SUFFIXES: dict[str, Format] = {
@@ -29,10 +30,6 @@ SUFFIXES: dict[str, Format] = {
 }
 _BLOCK_BYTES = 1 << 20  # pyarrow streaming block size: bounds memory per reader
 _SLICE_ROWS = 4096  # rows per slice from Parquet and text files
-
-
-class InputError(ValueError):
-    """The input is missing, of an unknown type, or lacks a required column; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -132,51 +129,13 @@ def resolve_id_column(files: list[InputFile], text_column: str, id_column: str |
 
 def _open_table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]:
     """Arrow slices of a JSONL/CSV/TSV/Parquet file. Raises InputError naming the file (and, for
-    JSONL, the first line that is not a JSON object or whose values change type) when pyarrow
-    cannot read it."""
+    JSONL, the first line that is not a JSON object or whose values change type; for CSV/TSV the
+    first record of the wrong width) when pyarrow cannot read it."""
     try:
         yield from _table_stream(f, columns)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        where = _first_bad_jsonl_line(f.path) if f.fmt == "jsonl" else None
-        raise InputError(f"{f.path}: cannot be read as {f.fmt.upper()}: {where or e}") from None
-
-
-_JSON_KINDS = {str: "string", int: "number", float: "number", bool: "boolean", dict: "object", list: "array"}
-
-
-def _first_bad_jsonl_line(path: Path) -> str | None:
-    """Where a JSONL file goes wrong, counted from line 1: a line that is not a JSON object, or a
-    field whose JSON type differs from its type on an earlier line (pyarrow's row numbers count
-    from 0 within a block, and its parse errors do not say what is wrong). None if no line is."""
-    import json
-
-    decoder = json.JSONDecoder()
-    kinds: dict[str, tuple[str, int]] = {}  # field → (its first non-null JSON type, that line)
-    rows = 0
-    with open(path, encoding="utf-8-sig", errors="replace") as fh:  # a BOM is fine for pyarrow too
-        for n, line in enumerate(fh, 1):
-            pos, line = 0, line.strip()
-            while pos < len(line):  # pyarrow takes several objects on one line as well
-                try:
-                    obj, end = decoder.raw_decode(line, pos)
-                except json.JSONDecodeError as e:
-                    return f"line {n} is not valid JSON ({e.msg}, column {e.colno})"
-                if not isinstance(obj, dict):
-                    return f"line {n} is not a JSON object"
-                rows += 1
-                for key, value in obj.items():
-                    kind = _JSON_KINDS.get(type(value), "null")
-                    first = kinds.get(key)
-                    if kind != "null" and (first is None or first[0] == "null"):
-                        kinds[key] = (kind, n)
-                    elif kind != "null" and kind != first[0]:
-                        return f"line {n}: {key!r} is a JSON {kind}, but a {first[0]} on line {first[1]}"
-                    elif first is None:
-                        kinds[key] = ("null", n)
-                pos = end
-                while pos < len(line) and line[pos].isspace():
-                    pos += 1
-    return "the file holds no rows" if not rows else None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        locate = {"jsonl": first_bad_jsonl_line, "csv": bad_csv_record, "tsv": bad_csv_record}.get(f.fmt)
+        raise InputError(f"{f.path}: cannot be read as {f.fmt.upper()}: {(locate and locate(f)) or e}") from None
 
 
 def _table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]:
@@ -192,7 +151,10 @@ def _table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]
             f.path,
             read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
             parse_options=pcsv.ParseOptions(delimiter="\t" if f.fmt == "tsv" else ",", newlines_in_values=True),
-            convert_options=pcsv.ConvertOptions(include_columns=columns, strings_can_be_null=False),
+            # Bytes, never inferred types: pyarrow would read `0123` as 123 and abort at the first
+            # `hello` after 200,000 numbers (its types come from the first block).
+            convert_options=pcsv.ConvertOptions(include_columns=columns, strings_can_be_null=False,
+                                                column_types={c: pa.binary() for c in columns or ()}),
         )
     for rb in reader:
         yield pa.Table.from_batches([rb])
@@ -201,30 +163,25 @@ def _table_stream(f: InputFile, columns: list[str] | None) -> Iterator[pa.Table]
 def _text_stream(f: InputFile) -> Iterator[list[str]]:
     # One document per line; "\n" only (not str.splitlines, which would also split on \x0b, \u2028 …).
     buf: list[str] = []
-    with open(f.path, encoding="utf-8", newline="") as fh:
-        for line in fh:
-            buf.append(line[:-1].removesuffix("\r") if line.endswith("\n") else line)
-            if len(buf) == _SLICE_ROWS:
-                yield buf
-                buf = []
+    try:
+        with open(f.path, encoding="utf-8", newline="") as fh:
+            for line in fh:
+                buf.append(line[:-1].removesuffix("\r") if line.endswith("\n") else line)
+                if len(buf) == _SLICE_ROWS:
+                    yield buf
+                    buf = []
+    except UnicodeDecodeError:  # decoded in blocks: its position is not a line, so look for it
+        raise InputError(f"{f.path}: {bad_utf8_line(f.path)}") from None
     if buf:
         yield buf
-
-
-def _normalize_ids(ids: pa.Array, f: InputFile) -> pa.Array:
-    if pa.types.is_integer(ids.type):
-        out = ids.cast(pa.int64())
-    else:
-        out = ids.cast(pa.string())
-    if out.null_count:
-        raise InputError(f"{f.path}: the id column has an empty value")
-    return out
 
 
 def iter_file(f: InputFile, text_column: str, id_column: str | None, start: int) -> Iterator[RowChunk]:
     """Rows of one file as RowChunks whose ids are the id column or the global row index.
 
-    ``start`` is the global index of the file's first row. Raises InputError on an empty text.
+    ``start`` is the global index of the file's first row. Raises InputError naming the file and
+    line of the first bad row (rows.py: no text, a text that is not a string or not UTF-8, an id
+    that is empty or neither integer nor string).
     """
     pos = start
     if f.fmt == "text":
@@ -236,34 +193,27 @@ def iter_file(f: InputFile, text_column: str, id_column: str | None, start: int)
     for table in _open_table_stream(f, cols):
         if table.num_rows == 0:
             continue
-        text = table.column(text_column).combine_chunks()
-        if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
-            text = text.cast(pa.string())
-        if text.null_count:
-            bad = pc.index(pc.is_null(text), True).as_py()
-            where = {"csv": "data row", "tsv": "data row", "jsonl": "line"}.get(f.fmt, "row")
-            counted = ", header not counted" if f.fmt in ("csv", "tsv") else ""
-            raise InputError(f"{f.path}: {where} {pos - start + bad + 1} (counting from 1{counted}) has no "
-                             f"{text_column!r} value")
+        texts = text_values(table.column(text_column), f, pos - start, text_column)
         if id_column:
-            ids = _normalize_ids(table.column(id_column).combine_chunks(), f)
+            ids = id_values(table.column(id_column), f, pos - start, id_column)
         else:
             ids = pa.array(range(pos, pos + table.num_rows), pa.int64())
-        yield RowChunk(pos, ids, text.to_pylist())
+        yield RowChunk(pos, ids, texts)
         pos += table.num_rows
 
 
 def read_chunks(
     files: list[InputFile], text_column: str, id_column: str | None, chunk_rows: int, shard_rows: int,
-    skip_shards: frozenset[int] = frozenset(),
+    skip_shards: frozenset[int] = frozenset(), first_row: int = 0,
 ) -> Iterator[RowChunk]:
     """All rows of ``files`` in order, cut into chunks of at most ``chunk_rows`` that never cross a
-    multiple of ``shard_rows``. Rows of shards in ``skip_shards`` are read but not yielded."""
+    multiple of ``shard_rows``. Rows of shards in ``skip_shards`` are read but not yielded.
+    ``first_row`` is the global index of the first file's first row (a Ray read task's file)."""
     if chunk_rows < 1 or shard_rows < 1:
         raise ValueError(f"chunk_rows and shard_rows must be ≥ 1, got {chunk_rows} and {shard_rows}")
     pending: list[RowChunk] = []
     pending_rows = 0
-    pos = 0
+    pos = first_row
 
     def cut(limit: int) -> RowChunk:
         nonlocal pending, pending_rows

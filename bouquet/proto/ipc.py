@@ -49,6 +49,9 @@ class EmbedCall(msgspec.Struct, tag="embed", array_like=True, frozen=True):
     dimensions: int = 0  # 0: the model's full size (Matryoshka truncation otherwise)
     per_token: bool = False  # one row per token (the model's token outputs: bge-m3 heads, hidden states)
     pool_skip: int = 0  # leading tokens of every sequence left out of pooling (a prompt; include_prompt=false)
+    # The HTTP request's W3C traceparent and request id, for the replica's log ("" = not traced)
+    traceparent: str = ""
+    request_id: str = ""
 
 
 class CancelCall(msgspec.Struct, tag="cancel", array_like=True, frozen=True):

@@ -7,6 +7,7 @@ to import under an older grpcio runtime (the H200 image has 1.84). The message c
 """
 from __future__ import annotations
 
+import hmac
 from typing import Any, Awaitable, Callable
 
 import grpc
@@ -54,17 +55,61 @@ def add_servicer(server: grpc.aio.Server, impl: Any) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
+def bearer_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries ``api_key`` (``authorization: Bearer KEY``, as the HTTP API
+    takes it; gRPC metadata keys are lower case); empty without a key."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call but the health service's with UNAUTHENTICATED unless its metadata holds
+    ``authorization: Bearer KEY`` (compared in constant time). Health stays open: Kubernetes'
+    ``grpc:`` probe sends no metadata, and SERVING / NOT_SERVING is all it learns."""
+
+    def __init__(self, api_key: str) -> None:
+        self._expected = f"Bearer {api_key}".encode()
+
+        async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "missing or invalid 'authorization: Bearer' metadata; this replica requires the API key")
+            raise AssertionError("unreachable: abort raises")
+
+        # raw bytes in and out: a refused call's request is never parsed
+        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        if details.method.startswith(f"/{HEALTH_SERVICE}/"):
+            return await continuation(details)
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                if hmac.compare_digest(given, self._expected):
+                    return await continuation(details)
+                break
+        return self._refuse
+
+
 class InferenceStub:
-    """Client side: ``await stub.Embed(req, timeout=...)``."""
+    """Client side: ``await stub.Embed(req, timeout=...)``; every call carries ``api_key``
+    (bearer_metadata) when one is given."""
 
     Embed: Callable[..., Awaitable[pb.EmbedReply]]
     Info: Callable[..., Awaitable[pb.InfoReply]]
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, api_key: str | None = None) -> None:
+        self.metadata = bearer_metadata(api_key)
         for name, (req, rep) in _METHODS.items():
-            setattr(self, name, channel.unary_unary(
+            call = channel.unary_unary(
                 f"/{SERVICE}/{name}", request_serializer=req.SerializeToString, response_deserializer=rep.FromString
-            ))
+            )
+            setattr(self, name, self._with_key(call) if self.metadata else call)
+
+    def _with_key(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def keyed(request: Any, *, metadata: tuple[tuple[str, str], ...] = (), **kw: Any) -> Any:
+            return call(request, metadata=self.metadata + tuple(metadata), **kw)
+
+        return keyed
 
 
 # The standard gRPC health service (grpc.health.v1.Health/Check), so that Kubernetes' native

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 import grpc
 import numpy as np
 
 from bouquet.proto import ipc
 from bouquet.server.scheduler import QueueFull, Request
-from bouquet.server.service import InferenceService, RequestError, decode_sequences
+from bouquet.server.service import InferenceService, RequestError, decode_sequences, log_traced
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class _Connection(asyncio.Protocol):
                 self.service.cancel(req)
             return
         svc = self.service
+        t0 = time.perf_counter()
         try:
             svc.check_open()
             b = call.num_seqs
@@ -75,15 +77,22 @@ class _Connection(asyncio.Protocol):
                 ids, tts = ids[:half], ids[half:]
             seqs, types = decode_sequences(ids, body[:4 * b], tts, svc.spec)
             dims = svc.check_dimensions(call.dimensions)
-            self.live[call.id] = svc.submit(seqs, types, call.priority, lambda r: self._finish(call, dims, r),
+            self.live[call.id] = svc.submit(seqs, types, call.priority, lambda r: self._finish(call, dims, r, t0),
                                             per_token=call.per_token, pool_skip=call.pool_skip, dimensions=dims)
         except RequestError as e:
             self._send(ipc.frame(ipc.EmbedReply(call.id, _STATUS.get(e.code.name, ipc.Status.INVALID_ARGUMENT), e.message)))
+            if call.traceparent:
+                log_traced(call.traceparent, call.request_id, call.num_seqs, f"{e.code.name}: {e.message}", t0)
         except QueueFull as e:
             self._send(ipc.frame(ipc.EmbedReply(call.id, ipc.Status.RESOURCE_EXHAUSTED, str(e))))
+            if call.traceparent:
+                log_traced(call.traceparent, call.request_id, call.num_seqs, f"RESOURCE_EXHAUSTED: {e}", t0)
 
-    def _finish(self, call: ipc.EmbedCall, dims: int | None, req: Request) -> None:
+    def _finish(self, call: ipc.EmbedCall, dims: int | None, req: Request, t0: float) -> None:
         self.live.pop(call.id, None)
+        if call.traceparent:
+            log_traced(call.traceparent, call.request_id, call.num_seqs, f"FAILED_PRECONDITION: {req.error}"
+                       if req.error is not None else f"ok, {req.num_tokens} tokens", t0)
         if req.error is not None:
             self._send(ipc.frame(ipc.EmbedReply(call.id, ipc.Status.FAILED_PRECONDITION, req.error)))
             return
@@ -104,11 +113,20 @@ class IpcServer:
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
-        """Listen (replacing a stale socket file left by a killed replica)."""
+        """Listen (replacing a stale socket file left by a killed replica). The socket is the
+        replica's only unauthenticated way in, so it must be private: its folder owned by this user
+        and closed to others (``bouquet serve`` makes it with mkdtemp: mode 0700), the socket
+        itself mode 0600. Raises ValueError for a folder others can enter."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        st = os.stat(folder)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ValueError(f"--ipc-path {self.path}: its folder must be private to this user (mode 0700), "
+                             f"it has mode {st.st_mode & 0o777:o} and owner uid {st.st_uid}")
         if os.path.exists(self.path):
             os.unlink(self.path)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self.service), self.path)
+        os.chmod(self.path, 0o600)  # only this user's processes may connect (the folder already says so)
 
     def close(self) -> None:
         if self._server is not None:

@@ -26,7 +26,7 @@ import grpc
 from bouquet.config import ServeConfig, batch_token_budget
 from bouquet.modelspec import ModelSpec, load_spec
 from bouquet.parent import die_with_parent
-from bouquet.proto.rpc import SERVER_OPTIONS, add_health, add_servicer
+from bouquet.proto.rpc import SERVER_OPTIONS, ApiKeyInterceptor, add_health, add_servicer
 from bouquet.server.service import InferenceService
 
 if TYPE_CHECKING:
@@ -57,7 +57,9 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
         if dev.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
             torch.set_num_threads(max(1, torch.get_num_threads()))
         service = InferenceService(cfg, spec, batch_token_budget(cfg.max_batch_tokens, dev.type), depth=2 if dev.type == "cuda" else 1)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    # With an API key every call but health must carry it (proto/rpc.py); the Unix socket is guarded
+    # by its folder's and its own file modes instead (ipc_server.py).
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[ApiKeyInterceptor(cfg.api_key)] if cfg.api_key else None)
     add_servicer(server, service)
     add_health(server, lambda: service.ready and not service.draining)
     port = server.add_insecure_port(f"{bind_host}:{cfg.grpc_port}")
@@ -130,8 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1", help="gRPC bind address (the config's grpc_port is the port)")
     ap.add_argument("--ipc-path", default=None, help="also serve gateway workers on this host on this Unix socket")
     ap.add_argument("--standalone", action="store_true", help="keep running when the parent process exits")
+    ap.add_argument("--api-key-stdin", action="store_true",
+                    help="read the API key from the first line of stdin (never from the command line or environment)")
     args = ap.parse_args(argv)
     cfg = ServeConfig.from_json(args.config)
+    if args.api_key_stdin:
+        # `bouquet serve` writes the key into a pipe and closes it: nothing else can read it there
+        # (a command line is public in /proc; an environment is inherited by every child).
+        cfg = cfg.replace(api_key=sys.stdin.readline().removesuffix("\n"))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.standalone:
         die_with_parent()  # again (server/__main__.py did it first): main() may be called directly

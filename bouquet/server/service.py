@@ -33,6 +33,14 @@ from bouquet.server.stats import ReplicaStats
 log = logging.getLogger(__name__)
 
 
+def log_traced(traceparent: str, request_id: str, num_seqs: int, outcome: str, t0: float) -> None:
+    """The replica's log line for a call that carries a W3C traceparent (gateway/tracing.py):
+    both front ends write it when the call ends, so one request's lines join across processes.
+    Values are cut to 128 characters: a direct gRPC client may send anything printable."""
+    log.info("call traceparent=%.128s request_id=%.128s sequences=%d: %.300s in %.1f ms", traceparent, request_id,
+             num_seqs, outcome, (time.perf_counter() - t0) * 1e3)
+
+
 class RequestError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -128,6 +136,22 @@ class InferenceService:
         return self.stats.fill(reply, self.scheduler, self.engine, self._inflight_requests)
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedReply:
+        meta = dict(context.invocation_metadata() or ())
+        traceparent = meta.get("traceparent")
+        if traceparent:
+            t0 = time.perf_counter()
+            try:
+                reply = await self._embed(request, context)
+            except BaseException as e:
+                code = context.code() if isinstance(e, Exception) else None
+                log_traced(str(traceparent), str(meta.get("x-request-id", "")), len(request.lengths) // 4,
+                           f"{getattr(code, 'name', type(e).__name__)}: {context.details() or ''}", t0)
+                raise
+            log_traced(str(traceparent), str(meta.get("x-request-id", "")), len(request.lengths) // 4, "ok", t0)
+            return reply
+        return await self._embed(request, context)
+
+    async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedReply:
         try:
             self.check_open()
             seqs, tts = decode_request(request, self.spec)
