@@ -186,6 +186,14 @@ def serve(
                                              "connections after this many seconds (keep it above your clients' idle expiry)."),
     drain_timeout: float = typer.Option(_default("drain_timeout"), help="On SIGTERM, seconds that requests in flight "
                                         "get to finish (new ones are answered 503); those still running then get 503 too."),
+    # The HTTP front end's limits (docs/deploy.md); 408, 431, 414 and 503 answers close the connection.
+    timeout_connect_idle: float = typer.Option(_default("timeout_connect_idle"), help="Close a new connection that sends nothing for this many seconds."),
+    timeout_headers: float = typer.Option(_default("timeout_headers"), help="Seconds from a request's first byte to the end of its headers (else 408)."),
+    timeout_body: float = typer.Option(_default("timeout_body"), help="Seconds from the end of a request's headers to the end of its body (else 408)."),
+    timeout_read_gap: float = typer.Option(_default("timeout_read_gap"), help="Longest pause between two reads inside a request (else 408)."),
+    max_header_bytes: int = typer.Option(_default("max_header_bytes"), help="Largest request line + header fields, bytes (else 431; 414 for a long target)."),
+    max_header_count: int = typer.Option(_default("max_header_count"), help="Most header field lines per request (else 431)."),
+    max_connections: int = typer.Option(_default("max_connections"), help="Open connections per gateway process; past it a request gets 503 with Retry-After."),
     # read by _api_key, not through click's envvar (an empty variable must be refused)
     api_key: Optional[str] = typer.Option(None, show_default=False,  # a secret: never printed
                                           help="Require 'Authorization: Bearer KEY' (all routes; /health without it "
@@ -212,6 +220,9 @@ def serve(
         max_request_tokens=max_request_tokens, max_request_bytes=max_request_bytes, max_output_bytes=max_output_bytes,
         max_inputs=max_inputs, timeout_keep_alive=timeout_keep_alive,
         drain_timeout=drain_timeout, api_key=api_key, truncate=not no_truncate, cors_allow_origins=tuple(cors_allow_origin),
+        timeout_connect_idle=timeout_connect_idle, timeout_headers=timeout_headers, timeout_body=timeout_body,
+        timeout_read_gap=timeout_read_gap, max_header_bytes=max_header_bytes, max_header_count=max_header_count,
+        max_connections=max_connections,
     )
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from bouquet.parent import PARENT_PID_ENV, die_with_parent

@@ -78,7 +78,8 @@ class ConfigError(ValueError):
 # Lower bounds of the integer options (flag = field name with dashes).
 MINIMUMS = (("max_batch_seqs", 1), ("replicas", 1), ("replicas_per_gpu", 0), ("gateway_workers", 0), ("tokenizer_threads", 0),
             ("max_inputs", 1), ("interactive_max_tokens", 0), ("max_queue_tokens", 1),
-            ("chunk_tokens", 1), ("max_request_tokens", 1), ("max_output_bytes", 1024))
+            ("chunk_tokens", 1), ("max_request_tokens", 1), ("max_output_bytes", 1024),
+            ("max_header_bytes", 1024), ("max_header_count", 1), ("max_connections", 1))
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,21 @@ class ServeConfig:
     # same as httpx's) a client can send on a connection at the moment the server closes it, and
     # that request gets no reply (ReadError). 75 s is nginx's default.
     timeout_keep_alive: float = 75.0
+    # The HTTP front end's own limits (gateway/limits.py, docs/deploy.md), all per connection but the
+    # last: a new connection that sends nothing for timeout_connect_idle s is closed unanswered; a
+    # request's head must arrive within timeout_headers s of its first byte and its body within
+    # timeout_body s of the head's end, with at most timeout_read_gap s between two reads (else 408,
+    # then close); its head holds at most max_header_bytes (request line and fields) and
+    # max_header_count field lines (else 431, or 414 for a long target; a chunked body's extensions
+    # and trailers get one more max_header_bytes). Past max_connections open
+    # connections in one gateway process, a new one's request is answered 503 with Retry-After.
+    timeout_connect_idle: float = 10.0
+    timeout_headers: float = 10.0
+    timeout_body: float = 60.0
+    timeout_read_gap: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    max_header_count: int = 100
+    max_connections: int = 2048
     # SIGTERM: requests in flight get this many seconds to finish (new ones are answered 503), then
     # those still running are answered 503 too (gateway/drain.py). Kubernetes' default grace is 30 s.
     drain_timeout: float = 30.0
@@ -220,8 +236,9 @@ class ServeConfig:
                 raise ConfigError("--server serves one model; with several --model let `serve` start the replicas")
         if self.ipc_paths and len(self.ipc_paths) != len(self.servers):
             raise ConfigError(f"ipc_paths has {len(self.ipc_paths)} entries for {len(self.servers)} servers")
-        if not self.timeout_keep_alive > 0:
-            raise ConfigError(f"--timeout-keep-alive must be > 0, got {self.timeout_keep_alive}")
+        for name in ("timeout_keep_alive", "timeout_connect_idle", "timeout_headers", "timeout_body", "timeout_read_gap"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (seconds), got {getattr(self, name)}")
         if not self.drain_timeout >= 0:
             raise ConfigError(f"--drain-timeout must be >= 0 (seconds), got {self.drain_timeout}")
         if self.graph_max_tokens < 64:

@@ -212,9 +212,8 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
-    import uvicorn
-
     from bouquet.gateway.catalog import model_names
+    from bouquet.gateway.limits import GatewayConfig, HttpLimits, fit_connections
     from bouquet.modelspec import load_spec
 
     entries = [localize_model(c) for c in cfg.per_model()]
@@ -266,6 +265,9 @@ def serve(cfg: ServeConfig) -> int:
     # work per request in uvicorn. Keep-alive: see ServeConfig (above the clients' idle expiry).
     common = dict(host=cfg.host, port=cfg.port, loop=loop, http="bouquet.gateway.protocol:HttpProtocol", log_level=cfg.log_level, access_log=False,
                   proxy_headers=False, server_header=False, timeout_keep_alive=cfg.timeout_keep_alive)
+    # The front end's own limits (gateway/limits.py); the open-file limit is raised first so that
+    # the connection cap answers 503 before accept() runs out of descriptors.
+    limits = HttpLimits.from_config(cfg, fit_connections(cfg.max_connections))
     metrics_dir: str | None = None
     if cfg.gateway_workers > 1:
         from bouquet.gateway.drain import DrainingSupervisor
@@ -283,8 +285,8 @@ def serve(cfg: ServeConfig) -> int:
         # one folder for the workers' Prometheus values, so /metrics sums them (gateway/metrics.py)
         metrics_dir = tempfile.mkdtemp(prefix="bouquet-metrics-")
         os.environ[MULTIPROC_ENV] = os.environ[BOUQUET_METRICS_ENV] = metrics_dir
-        ucfg = uvicorn.Config("bouquet.gateway.factory:app_from_env", factory=True, workers=cfg.gateway_workers,
-                              timeout_graceful_shutdown=5, **common)
+        ucfg = GatewayConfig("bouquet.gateway.factory:app_from_env", limits, factory=True, workers=cfg.gateway_workers,
+                             timeout_graceful_shutdown=5, **common)
         supervisor = DrainingSupervisor(ucfg, sockets=[sock])
         run, stop = supervisor.run, supervisor.should_exit.set
     else:
@@ -293,7 +295,7 @@ def serve(cfg: ServeConfig) -> int:
 
         drain = DrainState(timeout_s=cfg.drain_timeout)  # SIGTERM: finish requests in flight, answer new ones 503
         app = create_app(list(zip(gcfgs, specs)), drain)
-        server = DrainingServer(uvicorn.Config(app, timeout_graceful_shutdown=5, **common), drain)
+        server = DrainingServer(GatewayConfig(app, limits, timeout_graceful_shutdown=5, **common), drain)
         run, stop = (lambda: server.run(sockets=[sock])), lambda: setattr(server, "should_exit", True)
     failed, finished = threading.Event(), threading.Event()
     reasons: list[str] = []

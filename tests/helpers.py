@@ -86,14 +86,16 @@ class BouquetProcess:
     """`bouquet serve` as a real child process on free ports; stop() sends SIGTERM."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
-                 wait_for: tuple[int, ...] = (200,), device: str = "cpu", new_session: bool = False) -> None:
+                 wait_for: tuple[int, ...] = (200,), device: str = "cpu", new_session: bool = False,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "bouquet", "serve", "--port", str(self.port), "--device", device, *args]
         self.log_path = LOG_DIR / f"serve-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, **(env or {})}, start_new_session=new_session)
+                                     env={**os.environ, **(env or {})}, start_new_session=new_session,
+                                     preexec_fn=preexec_fn)
         self.wait_healthy(startup_timeout, wait_for)
 
     def wait_healthy(self, timeout: float, wait_for: tuple[int, ...] = (200,)) -> None:
