@@ -115,7 +115,7 @@ def test_base64_is_exactly_float(minilm_server, inp):
     np.testing.assert_array_equal(b64, floats)  # orjson writes float32 exactly (shortest round-trip)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "", "FLOAT", "binary", 5, ["float"]])
+@pytest.mark.parametrize("fmt", ["int4", "", "FLOAT", "bits", 5, ["float"]])
 def test_unknown_encoding_format_400(minilm_server, fmt):
     openai_error(minilm_server.embed("x", encoding_format=fmt), 400, "encoding_format")
 

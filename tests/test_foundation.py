@@ -84,7 +84,7 @@ def test_usage_counts_embedded_tokens(minilm_server, st_minilm):
     ({"input": {"text": "a"}}, "input"),
     ({"input": ["a", 3]}, "input[1]"),
     ({"input": [None]}, "input[0]"),
-    ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "a", "encoding_format": "int4"}, "encoding_format"),
 ])
 def test_bad_input_is_400_openai_shape_then_next_request_works(minilm_server, body, param):
     import httpx

@@ -102,7 +102,7 @@ def test_serve_reports_the_layout(minilm_server: BouquetProcess) -> None:
     assert (lay["gateway_workers"], lay["tokenizer_threads"]) == (want.gateway_workers, want.tokenizer_threads)
     assert lay["replicas"] == 1 and lay["chosen"] == want.reason
     assert info["tokenization_workers"] == want.tokenization_workers
-    assert "bouquet: layout: " + want.reason in minilm_server.log()
+    assert "bouquet: layout: " + want.reason in minilm_server.log_path.read_text(errors="replace")
 
 
 def test_serve_flags_win() -> None:

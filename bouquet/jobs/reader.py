@@ -19,9 +19,9 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from bouquet.jobs.rows import InputError, bad_csv_record, bad_utf8_line, first_bad_jsonl_line, id_values, text_values
+from bouquet.jobs.rows import (Format, InputError, InputFile, bad_csv_record, bad_utf8_line, first_bad_jsonl_line,
+                               id_values, text_values)
 
-Format = Literal["jsonl", "csv", "tsv", "parquet", "text"]
 SUFFIXES: dict[str, Format] = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
     ".csv": "csv", ".tsv": "tsv",
@@ -30,12 +30,6 @@ SUFFIXES: dict[str, Format] = {
 }
 _BLOCK_BYTES = 1 << 20  # pyarrow streaming block size: bounds memory per reader
 _SLICE_ROWS = 4096  # rows per slice from Parquet and text files
-
-
-@dataclass(frozen=True)
-class InputFile:
-    path: Path
-    fmt: Format
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-if TYPE_CHECKING:
-    from bouquet.jobs.reader import InputFile
+Format = Literal["jsonl", "csv", "tsv", "parquet", "text"]
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and how to read it (bouquet/jobs/reader.py finds them)."""
+
+    path: Path
+    fmt: Format
 
 
 class InputError(ValueError):
