@@ -84,9 +84,9 @@ class Gateway:
         Why: under several gateway workers the Rust tokenizer runs each batch on one core
         (TOKENIZERS_PARALLELISM=false, launcher.py), so a 100-document rerank would tokenize on
         one core while the worker's other tokenizer threads idle; the calls release the GIL."""
-        sizes = list(map(_size, items))
-        total = sum(sizes)
         threads = tokenizer_threads(self.cfg) if self.cfg.gateway_workers > 1 else 1
+        sizes = list(map(_size, items)) if threads > 1 and len(items) > 1 else []
+        total = sum(sizes)
         shards = max(1, min(threads, len(items), -(-total // SHARD_CHARS)))
         if shards == 1:
             return [await self.run_tokenizer(fn, items, 0, *args)]
@@ -160,7 +160,7 @@ class Gateway:
                 texts = inputs.texts or []
                 if prompt:
                     texts = [prompt + t for t in texts]
-                enc = await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
+                enc = Encoded.joined(await self.run_sharded(shard_of(self.tokenizer.encode), texts, truncate, side))
         except TooLong as e:
             where = item_param(param, inputs, e.index)
             raise bad_request(f"{where} {e.detail}", where, "context_length_exceeded") from None
@@ -187,6 +187,19 @@ class Gateway:
             raise bad_request(str(e), "prompt", "invalid_value") from None
         except KeyError as e:
             raise bad_request(str(e.args[0]), "prompt_name", "invalid_value") from None
+
+
+def shard_of(encode: Callable[..., Encoded]) -> Callable[..., Encoded]:
+    """``encode(items, *args)`` as a ``run_sharded`` shard function: ``(items, first, *args)``, a
+    TooLong naming the item's index in the whole request (``first`` + its index in the shard)."""
+
+    def run(items: list[Any], first: int, *args: Any) -> Encoded:
+        try:
+            return encode(items, *args)
+        except TooLong as e:
+            raise TooLong(first + e.index, e.count, e.limit) from None
+
+    return run
 
 
 def tokenizer_threads(cfg: ServeConfig) -> int:

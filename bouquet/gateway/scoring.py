@@ -26,11 +26,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bouquet.gateway.core import Gateway
+from bouquet.gateway.core import Gateway, shard_of
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import Encoded, Side, TextTokenizer, TooLong
+from bouquet.tokenization import Encoded, Side, TooLong
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
         col = logits[:, 0].astype(np.float64)
         return Scores(col if raw else _sigmoid(col), tokens)
     try:
-        enc = Encoded.joined(await gw.run_sharded(_encode_pairs, list(zip(queries, docs)), gw.tokenizer, side, truncate))
+        pairs = list(zip(queries, docs))
+        enc = Encoded.joined(await gw.run_sharded(shard_of(gw.tokenizer.encode_pairs), pairs, side, truncate))
     except TooLong as e:
         where = fields.doc_at(e.index)
         raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
@@ -104,14 +105,6 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
-
-
-def _encode_pairs(pairs: list[tuple[str, str]], first: int, tok: TextTokenizer, side: Side, truncate: bool) -> Encoded:
-    """``encode_pairs`` on a shard of the request's pairs starting at pair ``first``."""
-    try:
-        return tok.encode_pairs(pairs, side, truncate)
-    except TooLong as e:
-        raise TooLong(first + e.index, e.count, e.limit) from None
 
 
 def _templated(pairs: list[tuple[str, str]], first: int, gw: Gateway, template: str, instruction: str,
