@@ -140,19 +140,26 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
 
 
 def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str, Any]:
-    if shape.path is not None:  # a real model directory: its own weights and tokenizer
-        model_dir, tok = shape.path, shape.path / "tokenizer.json"
-    else:
-        tok = opts.tokenizer or default_tokenizer()
-        model_dir = make_model_dir(shape, opts.models_root, tok)
+    tok = shape.path / "tokenizer.json" if shape.path is not None else opts.tokenizer or default_tokenizer()
+    res: dict[str, Any] = {"rows": [], "checks": {}, "errors": {}}
+    if any(b != "rerank" for b in opts.benchmarks):
+        _embedding_suite(shape, opts, rate, tok, res)
+    if "rerank" in opts.benchmarks:
+        _rerank_suite(shape, opts, tok, res)
+    return res
+
+
+def _embedding_suite(shape: ModelShape, opts: BenchOptions, rate: float, tok: Path, res: dict[str, Any]) -> None:
+    """Benchmarks 1-5 on each system, after its check against transformers."""
+    # a real model directory: its own weights and tokenizer
+    model_dir = shape.path if shape.path is not None else make_model_dir(shape, opts.models_root, tok)
     s = opts.settings
     rng = np.random.default_rng(0)
     check_seqs = R.random_seqs(rng, [7, 128, 512, 33], shape.config["vocab_size"])
     ref = TransformersTarget(model_dir, opts.device)
     texts = R.make_texts(str(tok), 64, s.conc_len)
-    res: dict[str, Any] = {"model_dir": str(model_dir), "rows": [], "checks": {}, "errors": {}}
-    embedding = [b for b in opts.benchmarks if b != "rerank"]
-    for system in opts.systems if embedding else ():
+    res["model_dir"] = str(model_dir)
+    for system in opts.systems:
         if system == "rerank-url":
             continue
         servers: list[ServerProcess] = []
@@ -183,9 +190,6 @@ def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str,
             del target
             gc.collect()
             _free_cuda()
-    if "rerank" in opts.benchmarks:
-        _rerank_suite(shape, opts, tok, res)
-    return res
 
 
 def _rerank_suite(shape: ModelShape, opts: BenchOptions, tok: Path, res: dict[str, Any]) -> None:
