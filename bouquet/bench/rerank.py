@@ -1,5 +1,8 @@
 """The ``rerank`` benchmark: one query against N documents per request, Cohere-shaped ``POST /v1/rerank``.
 
+The query and each document are random vocabulary words cut at ``query_tokens`` / ``doc_tokens``
+tokens of the model's tokenizer (special tokens and the pair template come on top).
+
 Per (N, clients) case: ``clients`` threads, one keep-alive connection each, send requests back to
 back for ``Settings.seconds`` (after ``Settings.warmup_s`` of the same load, untimed); every
 request has its own query and documents (none repeats, so no cache on either side helps). Rows:
@@ -53,11 +56,16 @@ def cross_model_dir(shape: ModelShape, root: Path, tokenizer: Path, seed: int = 
     return save_random_model(out, build, tokenizer, seed=seed, config_extra={"bouquet": {"max_seq_length": shape.max_len}})
 
 
-def _bodies(words: list[str], n_docs: int, rs: RerankSettings, count: int, seed: int, model: str | None) -> list[bytes]:
+def _bodies(tok: Any, words: list[str], n_docs: int, rs: RerankSettings, count: int, seed: int,
+            model: str | None) -> list[bytes]:
     rng = np.random.default_rng(seed)
 
     def text(tokens: int) -> str:
-        return " ".join(rng.choice(words, size=max(1, tokens - 2)))
+        """Random vocabulary words cut where the text reaches ``tokens`` tokens (without special
+        tokens): a word of the vocabulary can take several tokens after a space (byte-level BPE)."""
+        t = " ".join(rng.choice(words, size=tokens))
+        offsets = tok.encode(t, add_special_tokens=False).offsets
+        return t[: offsets[tokens - 1][1]] if len(offsets) > tokens else t
 
     out = []
     for _ in range(count):
@@ -108,11 +116,13 @@ def bench_rerank(url: str, system: str, tokenizer: Path, rs: RerankSettings, sec
     gets a non-200 answer."""
     from tokenizers import Tokenizer
 
-    vocab = Tokenizer.from_file(str(tokenizer)).get_vocab()
-    words = [w for w, i in vocab.items() if w.isalpha() and w.isascii() and i > 2000]
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.no_padding()  # some tokenizer.json files pad or truncate (all-MiniLM-L6-v2's: to 128)
+    tok.no_truncation()
+    words = [w for w, i in tok.get_vocab().items() if w.isalpha() and w.isascii() and i > 2000]
     rows = []
     for n in rs.docs:
-        bodies = _bodies(words, n, rs, 64, seed=n, model=model)
+        bodies = _bodies(tok, words, n, rs, 64, seed=n, model=model)
         for c in rs.clients:
             if warmup_s > 0:
                 _window(url, bodies[::-1], c, warmup_s)
