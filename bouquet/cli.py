@@ -247,8 +247,8 @@ def bench(
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
     system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
                                      help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K and qkv / MLP-in for small steps, gate/up + activation for large ones; the same as engine on the CPU) | replica, replica-fp8 (in process, stepped as a served replica steps it: its scheduler, token budget and two steps in flight; engine runs a whole request as one step) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
-                                     "noop) | openai | transformers. Repeatable."),
-    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries)."),
+                                     "noop) | openai | rerank-url (--rerank-url, rerank benchmark only) | transformers. Repeatable."),
+    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
     out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
     models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
@@ -276,6 +276,11 @@ def bench(
     query_clients: str = typer.Option("64,256", help="Benchmark 5: client processes (one keep-alive connection each)."),
     query_tokens: str = typer.Option("16,64", help="Benchmark 5: generated text lengths, lowest,highest tokens."),
     query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),
+    rerank_docs: str = typer.Option("20,100", help="Rerank benchmark: documents per request (comma-separated)."),
+    rerank_doc_tokens: int = typer.Option(250, help="Rerank benchmark: tokens per document."),
+    rerank_clients: str = typer.Option("1,4", help="Rerank benchmark: client counts."),
+    rerank_url: Optional[str] = typer.Option(None, help="Any server with a Cohere-shaped /v1/rerank (system 'rerank-url')."),
+    rerank_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --rerank-url (default: none sent)."),
 ) -> None:
     """Run the benchmarks (bench/README.md) against bouquet and the transformers baseline, side by side."""
     if device not in ("cuda", "cpu"):
@@ -290,6 +295,7 @@ def bench(
             raise typer.Exit(2)
     from bouquet.bench.driver import BENCHMARKS, SYSTEMS, BenchOptions, run_bench
     from bouquet.bench.models import SHAPES
+    from bouquet.bench.rerank import RerankSettings
     from bouquet.bench.run import Settings
 
     # Every name checked before any model is built or server started.
@@ -313,7 +319,9 @@ def bench(
                         out=out, models_root=models_root or out / "models", tokenizer=tokenizer, tiny=tiny,
                         settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,
                         openai_model=openai_model, commit=commit, gateway_workers=gateway_workers,
-                        replicas_per_gpu=replicas_per_gpu, query_texts=query_texts)
+                        replicas_per_gpu=replicas_per_gpu, query_texts=query_texts, rerank_url=rerank_url,
+                        rerank_model=rerank_model, rerank=RerankSettings(ints(rerank_docs), rerank_doc_tokens,
+                                                                         clients=ints(rerank_clients)))
     # SIGTERM (a job runner's stop, `timeout`) unwinds the run like Ctrl-C, so the servers it started are
     # stopped by their finally blocks instead of outliving it (Python's default SIGTERM skips them).
     signal.signal(signal.SIGTERM, _exit_on_signal)

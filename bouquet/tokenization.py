@@ -64,6 +64,14 @@ class Encoded:
     type_ids: list[np.ndarray] | None  # only for pairs (cross-encoders)
     num_tokens: int
 
+    @staticmethod
+    def joined(parts: list[Encoded]) -> Encoded:
+        """Consecutive parts of one batch (shards tokenized apart) as one, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        types = None if parts[0].type_ids is None else [t for p in parts for t in p.type_ids or []]
+        return Encoded([x for p in parts for x in p.ids], types, sum(p.num_tokens for p in parts))
+
 
 # A window of text tokenized for ``keep`` kept tokens starts at (keep + margin) * _FIRST_CHARS_PER_TOKEN
 # characters (~1-1.5 characters per token in CJK, ~4.5 in English, for all three tokenizer kinds)
@@ -238,27 +246,27 @@ class TextTokenizer:
     def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right", truncate: bool = True) -> Encoded:
         """(query, document) pairs → ids and token types; over-long pairs lose document tokens
         only (``only_second``), never query tokens. Raises TooLong when ``truncate`` is off, and
-        ValueError when a query alone leaves no room for its document."""
-        trunc = self._trunc[side + "_pair"]
+        ValueError when a query alone leaves no room for its document.
 
-        def windowed(xs: list[tuple[str, str]]) -> list[Any]:
-            queries = self._plain.encode_batch_fast([q for q, _ in xs], add_special_tokens=False)
-            docs = self._bounded([d for _, d in xs], side)[1]
-            return [trunc.post_process(q, d) for q, d in zip(queries, docs)]
-
-        long_docs = self._windowed([d for _, d in pairs]) if truncate else []
-        encs = _spliced(pairs, long_docs, windowed, lambda xs: _encode_ids(self._plain, xs))
-        long_idx = [i for i, e in enumerate(encs) if len(e.ids) > self.max_len]
-        if long_idx and not truncate:
-            raise TooLong(long_idx[0], len(encs[long_idx[0]].ids), self.spec.max_seq_length)
-        if long_idx:
-            again = _encode_ids(trunc, [pairs[i] for i in long_idx])
-            for i, e in zip(long_idx, again):
-                encs[i] = e
+        Each side is tokenized once (a query shared by many pairs once in all) and the pair is put
+        together by the tokenizer's own ``post_process`` (truncation, then the pair template),
+        which is what ``Tokenizer.encode((query, document))`` runs after tokenizing the two
+        sequences apart: same ids and token types, without tokenizing an over-long pair twice."""
+        join = self._trunc[side + "_pair"] if truncate else self._plain
+        unique = list(dict.fromkeys(q for q, _ in pairs))
+        q_encs = dict(zip(unique, self._plain.encode_batch_fast(unique, add_special_tokens=False)))
+        docs = [d for _, d in pairs]
+        long_docs = self._windowed(docs) if truncate else []
+        d_encs = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side)[1],
+                          lambda xs: self._plain.encode_batch_fast(xs, add_special_tokens=False))
+        encs = [join.post_process(q_encs[q], d) for (q, _), d in zip(pairs, d_encs)]
+        if not truncate:
+            for i, e in enumerate(encs):
+                if len(e.ids) > self.max_len:
+                    raise TooLong(i, len(e.ids), self.spec.max_seq_length)
         ids = [self._finish(e.ids) for e in encs]
-        tts = [np.asarray(e.type_ids, dtype=np.int32) for e in encs]
-        if self.eos is not None:
-            tts = [np.pad(t, (0, len(i) - len(t))) for t, i in zip(tts, ids)]
+        tts = [np.fromiter(e.type_ids, dtype=np.int32, count=len(x)) if len(x) == len(e.type_ids)
+               else np.pad(np.asarray(e.type_ids, dtype=np.int32), (0, len(x) - len(e.type_ids))) for e, x in zip(encs, ids)]
         return Encoded(ids, tts, int(sum(len(x) for x in ids)))
 
     def check_ids(self, seqs: list[list[int]], truncate: bool = True, side: Side = "right") -> Encoded:
@@ -307,6 +315,11 @@ class TextTokenizer:
             raise BadTokenId(i, f"has token id {int(arr[j])} at position {j}, outside the vocabulary [0, {self.vocab_size})")
 
     # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------
+    def plain_ids(self, texts: list[str]) -> list[list[int]]:
+        """Texts → token ids without special tokens, never truncated (no character offsets: cheaper
+        than ``encodings``)."""
+        return [e.ids for e in self._plain.encode_batch_fast(texts, add_special_tokens=False)]
+
     def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Any]:
         """Texts → ``tokenizers.Encoding`` objects (ids, tokens, offsets), never truncated."""
         return self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)

@@ -184,3 +184,32 @@ def test_bi_encoder_long_input_errors_name_the_request_field(minilm_server):
     r = post(minilm_server, "/rerank", {"query": "q", "texts": ["ok", long], "truncate": False})  # TEI's shape
     assert r.status_code == 400 and r.json()["error"].startswith("texts[1] has 402 tokens"), r.text
     assert post(minilm_server, "/v1/score", {"text_1": "q", "text_2": ["ok"]}).status_code == 200  # still serving
+
+
+@pytest.fixture(scope="module")
+def sharded_minilm():
+    """The default model under two gateway workers of two tokenizer threads each: requests of more
+    than 16,384 characters are tokenized in shards (gateway/core.py run_sharded)."""
+    srv = BouquetProcess("--gateway-workers", "2", "--tokenizer-threads", "2")
+    yield srv
+    srv.stop()
+
+
+def test_sharded_tokenizing_changes_nothing(minilm_server, sharded_minilm):
+    """Embeddings, bi-encoder scores and errors of 100-text requests (several shards) equal those of
+    the one-worker server (one tokenizer call), item by item; an over-long text in a later shard
+    is named by its index in the request."""
+    s1, s2, _ = read_sts("test")
+    texts = [f"{i} " + " ".join(s1[i:i + 5] + s2[i:i + 5]) for i in range(100)]  # ~100 tokens each
+    assert sum(map(len, texts)) > 16_384  # more than one shard
+    one, sharded = minilm_server.vectors(texts), sharded_minilm.vectors(texts)
+    assert cosine_rows(one, sharded).min() > 0.99999
+    body = {"text_1": s1[0], "text_2": texts}
+    a, b = post(minilm_server, "/v1/score", body).json(), post(sharded_minilm, "/v1/score", body).json()
+    np.testing.assert_allclose([d["score"] for d in b["data"]], [d["score"] for d in a["data"]], atol=1e-6)
+    assert a["usage"] == b["usage"]
+    long = "word " * 400
+    for route, body, where in (("/v1/embeddings", {"input": texts[:97] + [long] + texts[97:], "truncate": False}, "input[97]"),
+                               ("/v1/rerank", {"query": "q", "documents": texts + [long], "truncate": False}, "documents[100]")):
+        err = post(sharded_minilm, route, body).json()["error"]
+        assert err["param"] == where and err["message"].startswith(f"{where} has 402 tokens"), err

@@ -213,3 +213,33 @@ def test_concurrency_warm_up_lasts_until_no_new_graph_is_captured(tmp_path: Path
     assert row["warmup_captures"] == 12 - 2 and row["captures_in_window"] == 0  # 2 requests before the warm-up
     assert windows[:2] == [0.01, 0.01] and windows[-1] == 0.05  # a second warm-up window saw no capture
     assert 3 <= len(windows) <= R.WARMUP_WINDOWS + 1
+
+
+def test_bench_rerank_smoke(tmp_path: Path) -> None:
+    """The rerank benchmark on bouquet (a cross-encoder of the shape built by the bench), on the
+    no-op engine, and on a server given by URL (here a bouquet of its own): rows per (N, clients)."""
+    from bouquet.bench.models import SHAPES, default_tokenizer, tiny
+    from bouquet.bench.rerank import cross_model_dir
+    from helpers import BouquetProcess
+
+    # the bench's own cross-encoder, built first so that the "other server" can serve it too
+    cross = cross_model_dir(tiny(SHAPES["minilm"]), tmp_path / "out" / "models", default_tokenizer())
+    other = BouquetProcess("--model", str(cross), "--served-model-name", "other")
+    try:
+        cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+               "--system", "http", "--system", "http-noop", "--system", "rerank-url", "--rerank-url", other.url,
+               "--rerank-model", "other", "--out", str(tmp_path / "out"), "--benchmarks", "rerank", "--seconds", "0.3",
+               "--warmup-seconds", "0.1", "--rerank-docs", "3,7", "--rerank-doc-tokens", "20", "--rerank-clients", "1,2"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    finally:
+        other.stop()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads((tmp_path / "out" / "results.json").read_text())["models"]["minilm-tiny"]
+    assert not m["errors"], m["errors"]
+    rows = {(r["system"], r["docs"], r["clients"]): r for r in m["rows"]}
+    assert set(rows) == {(s, n, c) for s in ("bouquet-http", "bouquet-http-noop", "rerank-url") for n in (3, 7) for c in (1, 2)}
+    for r in rows.values():
+        assert r["bench"] == "rerank" and r["requests"] >= 1 and 0 < r["p50"] <= r["p99"], r
+        assert r["pairs_s"] > 0
+    assert (tmp_path / "out" / "models" / "minilm-tiny-cross" / "model.safetensors").exists()
+    assert "Rerank: one query against N documents" in (tmp_path / "out" / "results.md").read_text()

@@ -24,7 +24,9 @@ def reranker(tmp_path_factory):
     cfg = json.loads(cfg_path.read_text())
     cfg["max_position_embeddings"] = 1024
     cfg_path.write_text(json.dumps(cfg))
-    srv = BouquetProcess("--model", str(model_dir), "--log-level", "warning")
+    # two gateway workers: large requests are templated and tokenized in shards (gateway/core.py run_sharded)
+    srv = BouquetProcess("--model", str(model_dir), "--log-level", "warning", "--gateway-workers", "2",
+                         "--tokenizer-threads", "2")
     yield model_dir, srv
     srv.stop()
 
@@ -98,3 +100,29 @@ def test_over_long_pairs_name_the_request_field(reranker):
         assert r.status_code == 400, (where, r.text[:300])
         err = r.json()["error"]
         assert err["param"] == where and err["message"].startswith(where + ":"), (where, err)
+
+
+def test_many_documents_match_transformers_in_order(reranker):
+    """100 distinct documents in one request (enough text that a gateway worker templates and
+    tokenizes them in shards on its tokenizer threads): every score equals the reference, in input order, through
+    /v1/rerank with and without top_n and through /v1/score."""
+    from tests.fixtures.tiny_models import _WORDS
+
+    model_dir, srv = reranker
+    rng = np.random.default_rng(3)
+    query = "river engine passage"
+    docs = [f"{i} " + " ".join(rng.choice(_WORDS, size=int(rng.integers(20, 60)))) for i in range(100)]
+    assert sum(map(len, docs)) > 16_384  # more than one shard (gateway/core.py SHARD_CHARS)
+    ref = reference_p_yes(model_dir, query, docs, load_spec(str(model_dir)).default_instruction)
+    res = httpx.post(srv.url + "/v1/rerank", json={"query": query, "documents": docs}, timeout=120).json()["results"]
+    got = np.zeros(len(docs))
+    for x in res:
+        got[x["index"]] = x["relevance_score"]
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+    order = [x["index"] for x in res]
+    assert order == list(np.argsort(-got, kind="stable"))
+    top = httpx.post(srv.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 7}, timeout=120).json()
+    assert [(x["index"], x["relevance_score"]) for x in top["results"]] == [(x["index"], x["relevance_score"]) for x in res[:7]]
+    s = httpx.post(srv.url + "/v1/score", json={"text_1": query, "text_2": docs}, timeout=120).json()["data"]
+    assert [d["index"] for d in s] == list(range(100))
+    np.testing.assert_allclose([d["score"] for d in s], ref, atol=1e-4)

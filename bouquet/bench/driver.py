@@ -22,12 +22,14 @@ import numpy as np
 from bouquet.bench import run as R
 from bouquet.bench.meta import source_commit
 from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_model_dir, tiny
+from bouquet.bench.rerank import RerankSettings, bench_rerank, cross_model_dir
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 
 log = logging.getLogger("bouquet.bench")
-BENCHMARKS = ("1", "2", "3", "mixed", "4", "5")  # bench/README.md
+BENCHMARKS = ("1", "2", "3", "mixed", "4", "5", "rerank")  # bench/README.md
 SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-cublas", "engine-fp8-cublas", "replica", "replica-fp8", "grpc", "http", "http-fp8", "http-graph8192",
-           "http-cublas", "http-noop", "openai", "transformers")
+           "http-cublas", "http-noop", "openai", "rerank-url", "transformers")
+RERANK_SYSTEMS = ("http", "http-noop", "rerank-url")  # the systems the rerank benchmark runs on
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class BenchOptions:
     gateway_workers: int = 0  # gateway processes of the HTTP server the bench starts (0: as `serve` chooses)
     replicas_per_gpu: int = 0  # replica processes per GPU of that server (0: as `serve` chooses)
     query_texts: Path | None = None  # benchmark 5: one text per line (default: generated, 16-64 tokens)
+    rerank: RerankSettings = field(default_factory=RerankSettings)
+    rerank_url: str | None = None  # system 'rerank-url': any server with a Cohere-shaped /v1/rerank
+    rerank_model: str | None = None  # the 'model' field sent to --rerank-url
 
 
 def _meta(opts: BenchOptions, rate: float) -> dict[str, Any]:
@@ -135,18 +140,28 @@ def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[Server
 
 
 def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str, Any]:
-    if shape.path is not None:  # a real model directory: its own weights and tokenizer
-        model_dir, tok = shape.path, shape.path / "tokenizer.json"
-    else:
-        tok = opts.tokenizer or default_tokenizer()
-        model_dir = make_model_dir(shape, opts.models_root, tok)
+    tok = shape.path / "tokenizer.json" if shape.path is not None else opts.tokenizer or default_tokenizer()
+    res: dict[str, Any] = {"rows": [], "checks": {}, "errors": {}}
+    if any(b != "rerank" for b in opts.benchmarks):
+        _embedding_suite(shape, opts, rate, tok, res)
+    if "rerank" in opts.benchmarks:
+        _rerank_suite(shape, opts, tok, res)
+    return res
+
+
+def _embedding_suite(shape: ModelShape, opts: BenchOptions, rate: float, tok: Path, res: dict[str, Any]) -> None:
+    """Benchmarks 1-5 on each system, after its check against transformers."""
+    # a real model directory: its own weights and tokenizer
+    model_dir = shape.path if shape.path is not None else make_model_dir(shape, opts.models_root, tok)
     s = opts.settings
     rng = np.random.default_rng(0)
     check_seqs = R.random_seqs(rng, [7, 128, 512, 33], shape.config["vocab_size"])
     ref = TransformersTarget(model_dir, opts.device)
     texts = R.make_texts(str(tok), 64, s.conc_len)
-    res: dict[str, Any] = {"model_dir": str(model_dir), "rows": [], "checks": {}, "errors": {}}
+    res["model_dir"] = str(model_dir)
     for system in opts.systems:
+        if system == "rerank-url":
+            continue
         servers: list[ServerProcess] = []
         target: Target | None = None
         try:
@@ -175,7 +190,41 @@ def bench_model(shape: ModelShape, opts: BenchOptions, rate: float) -> dict[str,
             del target
             gc.collect()
             _free_cuda()
-    return res
+
+
+def _rerank_suite(shape: ModelShape, opts: BenchOptions, tok: Path, res: dict[str, Any]) -> None:
+    """The rerank benchmark on each of RERANK_SYSTEMS in ``opts.systems``: bouquet on a cross-encoder
+    of ``shape`` (``cross_model_dir``; a real model directory is served as it is), or ``--rerank-url``."""
+    s = opts.settings
+    for system in [x for x in opts.systems if x in RERANK_SYSTEMS]:
+        servers: list[ServerProcess] = []
+        try:
+            if system == "rerank-url":
+                if not opts.rerank_url:
+                    raise ValueError("system 'rerank-url' needs --rerank-url")
+                url, model = opts.rerank_url, opts.rerank_model
+            else:
+                model_dir = shape.path or cross_model_dir(shape, opts.models_root, tok)
+                if opts.http_url and system == "http":
+                    url = opts.http_url
+                else:
+                    servers.append(ServerProcess("http", model_dir, opts.device, gateway_workers=opts.gateway_workers,
+                                                 replicas_per_gpu=opts.replicas_per_gpu,
+                                                 engine="noop" if system == "http-noop" else "torch"))
+                    url = servers[-1].address
+                    HttpTarget(url).wait_ready(300, servers[-1].check)
+                model = None
+            rows = bench_rerank(url, system if system == "rerank-url" else "bouquet-" + system, tok, opts.rerank,
+                                s.seconds, s.warmup_s, model)
+            res["rows"] += rows
+            for r in rows:
+                log.info("%s", r)
+        except Exception as e:  # noqa: BLE001 - one failing system must not lose the others' rows
+            log.exception("%s / %s / rerank failed", shape.name, system)
+            res["errors"][f"{system}/rerank"] = f"{type(e).__name__}: {e}"
+        finally:
+            for sp in servers:
+                sp.stop()
 
 
 def _phase(phase: str, target: Target, ref: Target, shape: ModelShape, opts: BenchOptions, rate: float,

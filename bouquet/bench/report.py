@@ -21,6 +21,7 @@ def titles(settings: dict[str, Any]) -> dict[str, str]:
                    f"{g['thr_batch']} (emb/s)",
         "4": "Benchmark 4: text through the gateway, concurrent clients (p50 ms)",
         "5": "Benchmark 5: online queries, one short text per request, N client processes (req/s; p50 / p99 ms)",
+        "rerank": "Rerank: one query against N documents per request, /v1/rerank (p50 / p99 ms, pairs/s)",
     }
 
 
@@ -29,6 +30,8 @@ def _cell(row: dict[str, Any]) -> str:
     clock = f" {gpu['sm_mhz']:.0f} MHz" if gpu else ""
     if "emb_s" in row:
         return f"{row['emb_s']:,.0f} ({100 * row['roofline_frac']:.0f}%){clock}"
+    if row.get("bench") == "rerank":
+        return f"{row['p50']:.2f} / {row['p99']:.2f}, {row['pairs_s']:,.0f} pairs/s"
     if row.get("bench") == "5":
         bad = sum(v for k, v in row.get("statuses", {}).items() if k != "200") + len(row.get("errors") or [])
         return f"{row['req_s']:,.0f} req/s, {row['p50']:.2f} / {row['p99']:.2f}{f' ({bad} failed)' if bad else ''}{clock}"

@@ -10,7 +10,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -26,7 +26,11 @@ from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong, re
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs); above it the
 # tokenizer (which releases the GIL) runs beside the event loop (docs/decisions.md, 2026-12-04).
 INLINE_TOKENIZE_CHARS = 512
+# A batch of more characters than this is split into contiguous shards, one per tokenizer thread at
+# most, tokenized side by side (run_sharded): ~3,000 tokens, a few ms of one core's work.
+SHARD_CHARS = 16_384
 TOKENIZER_THREADS = 4  # per gateway process when the config leaves it open (a gateway built without `serve`)
+T = TypeVar("T")
 PRIORITIES = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH, "auto": pb.PRIORITY_AUTO}
 
 
@@ -68,6 +72,42 @@ class Gateway:
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         finally:
             self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
+
+    async def run_sharded(self, fn: Callable[..., T], items: list[Any], *args: Any) -> list[T]:
+        """``fn(items[a:b], a, *args)`` over contiguous shards of ``items`` (texts or pairs of texts)
+        of about SHARD_CHARS characters, at most one per tokenizer thread, run at once on those
+        threads (``a``, the shard's first index, lets ``fn`` name an item at fault); returns the
+        results in shard order. One call (``run_tokenizer``) when one shard holds all, and under a
+        single gateway worker (whose Rust tokenizer spreads a batch over the cores itself). When shards
+        raise, the first shard's exception is raised (the lowest item at fault, as one call would).
+
+        Why: under several gateway workers the Rust tokenizer runs each batch on one core
+        (TOKENIZERS_PARALLELISM=false, launcher.py), so a 100-document rerank would tokenize on
+        one core while the worker's other tokenizer threads idle; the calls release the GIL."""
+        threads = tokenizer_threads(self.cfg) if self.cfg.gateway_workers > 1 else 1
+        sizes = list(map(_size, items)) if threads > 1 and len(items) > 1 else []
+        total = sum(sizes)
+        shards = max(1, min(threads, len(items), -(-total // SHARD_CHARS)))
+        if shards == 1:
+            return [await self.run_tokenizer(fn, items, 0, *args)]
+        bounds, acc, start = [], 0, 0
+        for i, n in enumerate(sizes):  # cut where the running size passes each shard's share
+            acc += n
+            if len(bounds) < shards - 1 and acc * shards >= total * (len(bounds) + 1) and i + 1 < len(items):
+                bounds.append((start, i + 1))
+                start = i + 1
+        bounds.append((start, len(items)))
+        t0 = time.perf_counter()
+        try:
+            loop = asyncio.get_running_loop()
+            results = await asyncio.gather(*(loop.run_in_executor(self.executor, fn, items[a:b], a, *args)
+                                             for a, b in bounds), return_exceptions=True)
+        finally:
+            self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results  # type: ignore[return-value]
 
     async def infer(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None = None, normalize: bool | None = None,
                     dimensions: int | None = None, priority: int = pb.PRIORITY_AUTO, pool_skip: int = 0) -> np.ndarray:
@@ -120,7 +160,7 @@ class Gateway:
                 texts = inputs.texts or []
                 if prompt:
                     texts = [prompt + t for t in texts]
-                enc = await self.run_tokenizer(self.tokenizer.encode, texts, truncate, side)
+                enc = Encoded.joined(await self.run_sharded(shard_of(self.tokenizer.encode), texts, truncate, side))
         except TooLong as e:
             where = item_param(param, inputs, e.index)
             raise bad_request(f"{where} {e.detail}", where, "context_length_exceeded") from None
@@ -147,6 +187,19 @@ class Gateway:
             raise bad_request(str(e), "prompt", "invalid_value") from None
         except KeyError as e:
             raise bad_request(str(e.args[0]), "prompt_name", "invalid_value") from None
+
+
+def shard_of(encode: Callable[..., Encoded]) -> Callable[..., Encoded]:
+    """``encode(items, *args)`` as a ``run_sharded`` shard function: ``(items, first, *args)``, a
+    TooLong naming the item's index in the whole request (``first`` + its index in the shard)."""
+
+    def run(items: list[Any], first: int, *args: Any) -> Encoded:
+        try:
+            return encode(items, *args)
+        except TooLong as e:
+            raise TooLong(first + e.index, e.count, e.limit) from None
+
+    return run
 
 
 def tokenizer_threads(cfg: ServeConfig) -> int:

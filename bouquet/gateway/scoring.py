@@ -26,11 +26,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bouquet.gateway.core import Gateway
+from bouquet.gateway.core import Gateway, shard_of
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import Side, TooLong
+from bouquet.tokenization import Encoded, Side, TooLong
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,16 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
     template = gw.spec.pair_template  # set by modelspec for causal-LM rerankers (Qwen3-Reranker)
     if template:
         instr = instruction or gw.spec.default_instruction or ""
-        texts = await gw.run_tokenizer(_templated, queries, docs, gw, template, instr, truncate, fields, side)
+        shards = await gw.run_sharded(_templated, list(zip(queries, docs)), gw, template, instr, truncate, fields, side)
+        texts = [t for shard in shards for t in shard]
         tokens = int(sum(len(t) for t in texts))
         gw.check_tokens(tokens, None)
         logits = await gw.infer(texts, None, None, None, priority)
         col = logits[:, 0].astype(np.float64)
         return Scores(col if raw else _sigmoid(col), tokens)
     try:
-        enc = await gw.run_tokenizer(gw.tokenizer.encode_pairs, list(zip(queries, docs)), side, truncate)
+        pairs = list(zip(queries, docs))
+        enc = Encoded.joined(await gw.run_sharded(shard_of(gw.tokenizer.encode_pairs), pairs, side, truncate))
     except TooLong as e:
         where = fields.doc_at(e.index)
         raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
@@ -105,26 +107,26 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _templated(queries: list[str], docs: list[str], gw: Gateway, template: str, instruction: str,
+def _templated(pairs: list[tuple[str, str]], first: int, gw: Gateway, template: str, instruction: str,
                truncate: bool, fields: PairFields, side: Side) -> list[np.ndarray]:
-    """Fill the template per pair and tokenize it (no special tokens: the template has them).
-    An over-long pair is re-built with the document cut at a token boundary (its end cut for
-    ``side`` "right", its start for "left") until it fits."""
+    """Fill the template per pair (pairs ``first``… of the request) and tokenize it (no special
+    tokens: the template has them). An over-long pair is re-built with the document cut at a token
+    boundary (its end cut for ``side`` "right", its start for "left") until it fits."""
     tok, limit = gw.tokenizer, gw.tokenizer.max_len
     head_t, _, tail = template.partition("{document}")
-    heads = [head_t.replace("{instruction}", instruction).replace("{query}", q) for q in queries]
+    head_of = {q: head_t.replace("{instruction}", instruction).replace("{query}", q) for q in dict.fromkeys(q for q, _ in pairs)}
+    heads = [head_of[q] for q, _ in pairs]
+    docs = [d for _, d in pairs]
     if truncate:  # a huge document: only the window that its kept tokens come from
         docs = tok.kept_parts(docs)
-    encs = tok.encodings([h + d + tail for h, d in zip(heads, docs)], add_special_tokens=False)
     out = []
-    for i, enc in enumerate(encs):
-        ids = enc.ids
+    for i, ids in enumerate(tok.plain_ids([h + d + tail for h, d in zip(heads, docs)]), first):
         if len(ids) > limit:
             if not truncate:
                 where = fields.doc_at(i)
                 raise bad_request(f"{where}: pair {i} has {len(ids)} tokens, more than the model's maximum of {limit} "
                                   "(truncation is off)", where, "context_length_exceeded")
-            ids = _cut_document(tok, heads[i], docs[i], tail, limit, len(ids) - limit, side)
+            ids = _cut_document(tok, heads[i - first], docs[i - first], tail, limit, len(ids) - limit, side)
             if ids is None:
                 where = fields.query_at(i)
                 raise bad_request(f"{where}: the query of pair {i} does not fit the model's {limit} tokens with any "
