@@ -6,12 +6,12 @@ import functools
 import inspect
 import logging
 import os
-import signal
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
 
+from bouquet.bench.command import bench as bench_command
 from bouquet.config import (BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS,
                             ConfigError, ServeConfig)
 
@@ -239,102 +239,7 @@ def serve(
     raise typer.Exit(code)
 
 
-@app.command(short_help="Benchmark bouquet beside transformers (bench/README.md).")
-def bench(
-    model: list[str] = typer.Option(["bge-base"], metavar="SHAPE|DIR", help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
-                                    "qwen3-0.6b, mpnet-base, modernbert-base, distilbert, roberta-large, gte-qwen2-1.5b, e5-mistral-7b, "
-                                    "embeddinggemma-300m); "
-                                    "or a model directory (its own weights and tokenizer). Repeatable."),
-    system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
-                                     help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K and qkv / MLP-in for small steps, gate/up + activation for large ones; the same as engine on the CPU) | replica, replica-fp8 (in process, stepped as a served replica steps it: its scheduler, token budget and two steps in flight; engine runs a whole request as one step) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
-                                     "noop) | openai | rerank-url (--rerank-url, rerank benchmark only) | transformers. Repeatable."),
-    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank)."),
-    device: str = typer.Option("cuda", help="cuda | cpu"),
-    out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
-    models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="tokenizer.json to put in the model folders (default: all-MiniLM-L6-v2's)."),
-    tiny: bool = typer.Option(False, help="Small copies of the shapes (CPU smoke runs)."),
-    seconds: float = typer.Option(3.0, help="Time per case (at least --min-iters requests)."),
-    min_iters: int = typer.Option(5, help="Benchmarks 1, 2 and 4: at least this many timed requests per case."),
-    warmup: int = typer.Option(3, help="Untimed requests before each latency case."),
-    warmup_seconds: float = typer.Option(1.0, help="Benchmarks 3 and 4: seconds of the same load, untimed, before each case."),
-    mixed_range: str = typer.Option("16,512", help="Mixed-length benchmark: lowest,highest length."),
-    lat_lengths: str = typer.Option("128,512,4096", help="Benchmark 1 lengths (longer than the model allows are skipped)."),
-    thr_lengths: str = typer.Option("512,1024,4096", help="Benchmark 3 lengths."),
-    score_batches: str = typer.Option("5,25,50", help="Benchmark 2: sequences per request (comma-separated)."),
-    score_len: int = typer.Option(512, help="Benchmark 2 sequence length."),
-    conc_len: int = typer.Option(512, help="Benchmark 4 text length, tokens."),
-    thr_batch: int = typer.Option(100, help="Benchmark 3 (and mixed): sequences per request."),
-    concurrency: str = typer.Option("1,2,4,8,16", help="Benchmark 4 client counts."),
-    grpc_address: Optional[str] = typer.Option(None, help="Use this bouquet replica (HOST:PORT) instead of starting one."),
-    http_url: Optional[str] = typer.Option(None, help="Use this bouquet gateway instead of starting one."),
-    openai_url: Optional[str] = typer.Option(None, help="Any OpenAI-compatible base URL (system 'openai')."),
-    openai_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --openai-url (default: none sent)."),
-    commit: Optional[str] = typer.Option(None, help="Commit to record (default: git rev-parse)."),
-    gateway_workers: int = typer.Option(0, help="Gateway worker processes of the HTTP server the bench starts (0: as `serve` chooses)."),
-    replicas_per_gpu: int = typer.Option(0, help="Replica processes per GPU of the HTTP server the bench starts (0: as `serve` chooses)."),
-    query_clients: str = typer.Option("64,256", help="Benchmark 5: client processes (one keep-alive connection each)."),
-    query_tokens: str = typer.Option("16,64", help="Benchmark 5: generated text lengths, lowest,highest tokens."),
-    query_texts: Optional[Path] = typer.Option(None, help="Benchmark 5: a file of texts, one per line, instead of generated ones."),
-    rerank_docs: str = typer.Option("20,100", help="Rerank benchmark: documents per request (comma-separated)."),
-    rerank_doc_tokens: int = typer.Option(250, help="Rerank benchmark: tokens per document."),
-    rerank_clients: str = typer.Option("1,4", help="Rerank benchmark: client counts."),
-    rerank_url: Optional[str] = typer.Option(None, help="Any server with a Cohere-shaped /v1/rerank (system 'rerank-url')."),
-    rerank_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --rerank-url (default: none sent)."),
-) -> None:
-    """Run the benchmarks (bench/README.md) against bouquet and the transformers baseline, side by side."""
-    if device not in ("cuda", "cpu"):
-        typer.echo(f"error: --device must be cuda or cpu, got {device!r}", err=True)
-        raise typer.Exit(2)
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            typer.echo("error: --device cuda (the default): torch sees no CUDA device; on a CPU use --device cpu "
-                       "(with --tiny for a quick run)", err=True)
-            raise typer.Exit(2)
-    from bouquet.bench.driver import BENCHMARKS, SYSTEMS, BenchOptions, run_bench
-    from bouquet.bench.models import SHAPES
-    from bouquet.bench.rerank import RerankSettings
-    from bouquet.bench.run import Settings
-
-    # Every name checked before any model is built or server started.
-    bad = ([f"--system {x!r} (choose from {', '.join(SYSTEMS)})" for x in system if x not in SYSTEMS]
-           + [f"--model {x!r} (a shape of {', '.join(SHAPES)}, or a model directory)" for x in model
-              if x not in SHAPES and not Path(x).is_dir()]
-           + [f"--benchmarks {x!r} (choose from {', '.join(BENCHMARKS)})" for x in benchmarks.split(",") if x not in BENCHMARKS])
-    if bad:
-        typer.echo("error: unknown " + "; ".join(bad), err=True)
-        raise typer.Exit(2)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def ints(text: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-
-    settings = Settings(lat_lengths=ints(lat_lengths), score_batches=ints(score_batches), thr_lengths=ints(thr_lengths),
-                        score_len=score_len, conc_len=conc_len, thr_batch=thr_batch, concurrency=ints(concurrency), seconds=seconds, min_iters=min_iters,
-                        warmup=warmup, warmup_s=warmup_seconds, mixed=ints(mixed_range)[:2],  # type: ignore[arg-type]
-                        query_clients=ints(query_clients), query_tokens=ints(query_tokens)[:2])  # type: ignore[arg-type]
-    opts = BenchOptions(models=tuple(model), systems=tuple(system), benchmarks=tuple(benchmarks.split(",")), device=device,
-                        out=out, models_root=models_root or out / "models", tokenizer=tokenizer, tiny=tiny,
-                        settings=settings, grpc_address=grpc_address, http_url=http_url, openai_url=openai_url,
-                        openai_model=openai_model, commit=commit, gateway_workers=gateway_workers,
-                        replicas_per_gpu=replicas_per_gpu, query_texts=query_texts, rerank_url=rerank_url,
-                        rerank_model=rerank_model, rerank=RerankSettings(ints(rerank_docs), rerank_doc_tokens,
-                                                                         clients=ints(rerank_clients)))
-    # SIGTERM (a job runner's stop, `timeout`) unwinds the run like Ctrl-C, so the servers it started are
-    # stopped by their finally blocks instead of outliving it (Python's default SIGTERM skips them).
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    results, files = run_bench(opts)
-    typer.echo((out / "results.md").read_text())
-    for f in files:
-        typer.echo(f"wrote {f}")
-    if any(m["errors"] for m in results["models"].values()):
-        raise typer.Exit(1)
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+app.command("bench", short_help="Benchmark bouquet beside transformers (bench/README.md).")(bench_command)
 
 
 @app.command(short_help="Embed files into vector shards (offline, resumable).")
