@@ -77,6 +77,21 @@ def test_input_count_limit(strict_server):
     err = openai_error(post(strict_server, "/v1/embeddings", json={"input": ["a"] * 65}), 413, "input", "too_many_inputs")
     assert "64" in err["message"]
     openai_error(post(strict_server, "/v1/embeddings", json={"input": [[101, 102]] * 65}), 413, "input")
+    assert "--max-inputs" in err["message"], err
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/embeddings", {"input": [101] + [7592] * 998 + [102]}),  # truncated to 256
+    ("/v1/embeddings", {"input": [101] + [7592] * 998 + [102], "long_input": "chunk_mean"}),  # windows
+    ("/embed", {"inputs": [101] + [7592] * 998 + [102]}),
+    ("/decode", {"ids": [7592] * 1000}),
+])
+def test_one_token_id_list_is_one_input(strict_server, path, body):
+    """A bare list of 1,000 token ids is one input under --max-inputs 64 (it was refused as 1,000 inputs)."""
+    r = post(strict_server, path, json=body)
+    assert r.status_code == 200, r.text[:300]
+    out = r.json()
+    assert len(out["data"] if isinstance(out, dict) else out) == 1
 
 
 def test_tokens_per_request_bounded(strict_server):

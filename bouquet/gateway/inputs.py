@@ -37,7 +37,7 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
     """A string, a list of strings, a list of token ids, or a list of token-id lists.
 
     Raises APIError 400 for a missing/empty/mistyped value (naming the index) and 413 beyond
-    ``max_inputs`` items.
+    ``max_inputs`` items (a bare list of token ids is one item, however many ids it holds).
     """
     if value is None:
         raise bad_request(f"'{param}' is required", param, "missing_required_parameter")
@@ -50,9 +50,12 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
                           param, "invalid_type")
     if not value:
         raise bad_request(f"'{param}' is an empty list; send at least one input", param, "empty_input")
-    if len(value) > max_inputs:
-        raise APIError(413, f"'{param}' has {len(value)} items; the limit is {max_inputs} per request", param, "too_many_inputs")
     first = value[0]
+    # A bare list of token ids is one input (one sequence), whatever its length: its ids are
+    # bounded by --max-request-tokens once truncated or cut into windows, not by --max-inputs.
+    if len(value) > max_inputs and not (_is_int(first) or _too_big(first)):
+        raise APIError(413, f"'{param}' has {len(value)} items; the limit is {max_inputs} per request (--max-inputs)",
+                       param, "too_many_inputs")
     if isinstance(first, str):
         for i, v in enumerate(value):
             if not isinstance(v, str):
