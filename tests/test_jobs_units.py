@@ -96,6 +96,9 @@ def test_csv_and_tsv_cells_are_read_as_written(tmp_path: Path) -> None:
     (tmp_path / "b.tsv").write_text("id\ttext\n0123\t007\n123\t1.50\n0x1F\t1e3\n")
     for name in ("a.csv", "b.tsv"):
         assert rows_of(tmp_path / name) == [("0123", "007"), ("123", "1.50"), ("0x1F", "1e3")], name
+    # a quoted value with line breaks last, and no final line break: read, not refused
+    (tmp_path / "c.csv").write_text('id,text\n1,"two\nlines"\n2,"last\none"')
+    assert rows_of(tmp_path / "c.csv") == [("1", "two\nlines"), ("2", "last\none")]
 
 
 def _parquet(path: Path, **columns: pa.Array) -> bytes:
@@ -117,6 +120,10 @@ BAD_ROWS = [
     ("a.csv", b'id,text\n1,"two\nlines"\n2,\xff\n', r"line 4 \(data row 2\): 'text' is not valid UTF-8"),
     ("a.csv", b"id,text\n1,a\n,b\n", r"line 3 \(data row 2\): empty 'id'"),
     ("a.tsv", b"id\ttext\n1\ta\n2\tb\tc\n", r"cannot be read as TSV: line 3: 3 fields where the header has 2"),
+    # a stray opening quote: pyarrow read the rest of the file as that one value (997 rows lost, exit 0)
+    ("a.csv", b'id,text\n1,a\n2,"stray\n3,c\n4,d\n', r"line 3 \(data row 2\): a quoted value is not closed"),
+    ("a.csv", b'id,text\n1,a\n2,"stray\n3,c', r"line 3 \(data row 2\): a quoted value is not closed"),
+    ("a.tsv", b'text\tid\na\t1\nb\t"2\nc\t3\n', r"line 3 \(data row 2\): a quoted value is not closed"),
     ("a.parquet", None, r"row 3: 'text' is not valid UTF-8 \(byte 0xff at position 5"),
 ]
 

@@ -20,7 +20,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from bouquet.jobs.rows import (Format, InputError, InputFile, bad_csv_record, bad_utf8_line, first_bad_jsonl_line,
-                               id_values, text_values)
+                               id_values, text_values, unclosed_quote)
 
 SUFFIXES: dict[str, Format] = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
@@ -184,16 +184,33 @@ def iter_file(f: InputFile, text_column: str, id_column: str | None, start: int)
             pos += len(lines)
         return
     cols = [text_column] + ([id_column] if id_column else [])
-    for table in _open_table_stream(f, cols):
-        if table.num_rows == 0:
-            continue
+    tables = (t for t in _open_table_stream(f, cols) if t.num_rows)
+    table = next(tables, None)
+    while table is not None:
+        following = next(tables, None)  # one slice ahead: the last one is checked before it is yielded
         texts = text_values(table.column(text_column), f, pos - start, text_column)
         if id_column:
             ids = id_values(table.column(id_column), f, pos - start, id_column)
         else:
             ids = pa.array(range(pos, pos + table.num_rows), pa.int64())
+        if following is None and f.fmt in ("csv", "tsv"):
+            _check_csv_end(f, [texts[-1], str(ids[-1].as_py())])
         yield RowChunk(pos, ids, texts)
         pos += table.num_rows
+        table = following
+
+
+def _check_csv_end(f: InputFile, last_values: list[str]) -> None:
+    # A file that ends inside a quoted value has it run to the end (with the file's last line
+    # break when there is one). Only then is the file parsed again, strictly, to tell.
+    with open(f.path, "rb") as fh:
+        fh.seek(max(0, f.path.stat().st_size - 1))
+        ends_with_break = fh.read(1) in (b"\n", b"\r")
+    if ends_with_break and not any("\n" in v or "\r" in v for v in last_values):
+        return
+    problem = unclosed_quote(f)
+    if problem:
+        raise InputError(f"{f.path}: {problem}")
 
 
 def read_chunks(

@@ -123,6 +123,26 @@ def bad_csv_record(f: InputFile) -> str | None:
     return None
 
 
+def unclosed_quote(f: InputFile) -> str | None:
+    """'line L (data row R): a quoted value is not closed ...' when a CSV/TSV file ends inside a
+    quoted value, else None. pyarrow's reader takes such a value to run to the end of the file,
+    every later record included, without an error; Python's csv module in strict mode refuses it
+    ("unexpected end of data"). Other quirks it refuses but pyarrow reads are not reported here."""
+    with open(f.path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        reader = csv.reader(fh, delimiter="\t" if f.fmt == "tsv" else ",", strict=True)
+        line, records = 1, 0
+        try:
+            for record in reader:
+                records += bool(record)
+                line = reader.line_num + 1
+        except csv.Error as e:
+            if "unexpected end of data" not in str(e):
+                return None
+            return (f"line {line} (data row {records}): a quoted value is not closed before the end of the file "
+                    "(its opening quote would swallow every later row)")
+    return None
+
+
 def bad_utf8_line(path: Path) -> str:
     """'line L: not valid UTF-8 (byte 0xNN at column C)' for the first such line of a file."""
     with open(path, "rb") as fh:
