@@ -57,8 +57,9 @@ def assert_needs_key(address: str, key: str) -> None:
             with pytest.raises(grpc.RpcError) as e:
                 call(address, method, md)
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, (method, md, e.value)
-    reply = call(address, "Embed", (("authorization", f"Bearer {key}"),))
-    assert len(reply.output.data) == 384 * 4  # type: ignore[attr-defined]
+    for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme in any case, as on the HTTP port
+        reply = call(address, "Embed", (("authorization", f"{scheme} {key}"),))
+        assert len(reply.output.data) == 384 * 4  # type: ignore[attr-defined]
     assert grpc_health(address) == HEALTH_SERVING  # probes carry no metadata
 
 

@@ -63,11 +63,12 @@ def bearer_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every call but the health service's with UNAUTHENTICATED unless its metadata holds
-    ``authorization: Bearer KEY`` (compared in constant time). Health stays open: Kubernetes'
-    ``grpc:`` probe sends no metadata, and SERVING / NOT_SERVING is all it learns."""
+    ``authorization: Bearer KEY`` (the scheme in any case; the key compared in constant time).
+    Health stays open: Kubernetes' ``grpc:`` probe sends no metadata, and SERVING / NOT_SERVING is
+    all it learns."""
 
     def __init__(self, api_key: str) -> None:
-        self._expected = f"Bearer {api_key}".encode()
+        self._expected = api_key.encode()
 
         async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -83,8 +84,10 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return await continuation(details)
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                if hmac.compare_digest(given, self._expected):
+                # the scheme in any case, as the gateway's HTTP port takes it (RFC 9110 §11.1)
+                parts = (value.encode() if isinstance(value, str) else value).split(None, 1)
+                if (len(parts) == 2 and parts[0].lower() == b"bearer"
+                        and hmac.compare_digest(parts[1].strip(), self._expected)):
                     return await continuation(details)
                 break
         return self._refuse
