@@ -115,6 +115,10 @@ def test_scoring_errors(cross_server):
         r = post(cross_server, path, body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+    # the message says what the document is (it said "got null" for an object without 'text')
+    for doc, got in (({"txt": "b"}, "got an object without 'text'"), ({"text": None}, "got 'text' as null"), (7, "got a number")):
+        msg = post(cross_server, "/v1/rerank", {"query": "q", "documents": ["a", doc]}).json()["error"]["message"]
+        assert msg.endswith(got), (doc, msg)
     r = post(cross_server, "/rerank", {"query": "q"})
     assert r.status_code == 400 and set(r.json()) == {"error", "error_type"}
     r = post(cross_server, "/v1/embeddings", {"input": "x"})

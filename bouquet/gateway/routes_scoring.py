@@ -30,11 +30,14 @@ def parse_texts(value: Any, param: str, max_inputs: int) -> list[str]:
 def parse_documents(value: Any, param: str, max_inputs: int) -> list[str]:
     """Documents as strings or ``{"text": ...}`` objects (Cohere / Jina both accept either)."""
     if isinstance(value, list):
-        value = [d.get("text") if isinstance(d, dict) else d for d in value]
         for i, d in enumerate(value):
-            if not isinstance(d, str):  # documents are text: no token ids, no numbers, no null text
-                raise bad_request(f"{param}[{i}] must be a string or an object with a 'text' string, got "
-                                  f"{json_type(d)}", f"{param}[{i}]", "invalid_type")
+            text = d.get("text") if isinstance(d, dict) else d
+            if not isinstance(text, str):  # documents are text: no token ids, no numbers, no null text
+                got = ("an object without 'text'" if isinstance(d, dict) and "text" not in d
+                       else json_type(text) if not isinstance(d, dict) else f"'text' as {json_type(text)}")
+                raise bad_request(f"{param}[{i}] must be a string or an object with a 'text' string, got {got}",
+                                  f"{param}[{i}]", "invalid_type")
+        value = [d.get("text") if isinstance(d, dict) else d for d in value]
     return parse_texts(value, param, max_inputs)
 
 
