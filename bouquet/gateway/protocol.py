@@ -60,6 +60,16 @@ CAP_WARNING_EVERY_S = 60.0  # the connection cap's warning, at most this often p
 # A well-formed request line (RFC 9112 §3) whose method is a token (RFC 9110 §5.6.2)
 _REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) [^ \r\n]+ HTTP/[0-9]\.[0-9]\r?\n")
 _CHUNK_OVERHEAD = 32  # bytes of framing allowed per chunk beside the shared budget (size line, CRLFs)
+_BODY_SLICE_MIN = 4096  # smallest body slice fed: a message's framing may pass its budget by this much
+
+
+def _head_end(tail: bytes, data: bytes) -> int:
+    """How many bytes of ``data`` reach the first empty line (the end of a header section, or an
+    empty line before a request line) after ``tail``, the last bytes fed before it; len(data) + 1
+    when none is in sight. A line ends with CRLF or, as llhttp may accept, a bare LF."""
+    joined = tail + data
+    ends = [i + len(m) for m in (b"\n\r\n", b"\n\n") if (i := joined.find(m)) >= 0]
+    return min(ends) - len(tail) if ends else len(data) + 1
 
 
 def error_bytes(status: int, message: str, code: str, path: str, headers: dict[str, str] | None = None,
@@ -114,6 +124,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._head_bytes = 0  # bytes of the current head fed to the parser
+        self._tail = b""  # the last 2 bytes fed in the head phase (an empty line may straddle reads)
         self._framing = 0  # body-phase bytes fed minus body bytes: chunk framing, extensions, trailers
         self._chunks = 0
         self._completed = False  # a message completed inside the current parser feed
@@ -149,13 +160,18 @@ class HttpProtocol(HttpToolsProtocol):
         while data:
             in_body = self._in_message and self._head_done
             if in_body:
-                piece, data = data, b""
-            else:  # a head is fed at most up to its limit
+                # At most what is left of the framing budget: a slice that ends the message is not
+                # counted below, so a whole read of trailers would otherwise pass unseen.
+                room = max(limit + _CHUNK_OVERHEAD * self._chunks - self._framing, _BODY_SLICE_MIN)
+                piece, data = (data, b"") if room >= len(data) else (data[:room], data[room:])
+            else:  # a head is fed at most up to its limit, and up to its end: what follows is body
                 room = limit - self._head_bytes
                 if room <= 0:
                     self._refuse_long_head()
                     return
-                piece, data = (data, b"") if room >= len(data) else (data[:room], data[room:])
+                room = min(room, len(data), _head_end(self._tail, data))
+                piece, data = data[:room], data[room:]
+                self._tail = (self._tail + piece)[-2:]
             self._completed = False
             self._feeding_body = in_body
             try:
