@@ -4,6 +4,7 @@ slow body, pauses), head size and field count, the connection cap, and each MUST
 RFC 9110 the front end touches. After every bad client a normal request is still served."""
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -348,6 +349,7 @@ def test_request_semantics(front, what, payload, status):
                 assert headers["connection"] == "close" and closed_by_server(s, 5), (what, headers)
         elif what.startswith("asterisk"):
             assert headers["allow"] == "GET, HEAD, POST, OPTIONS" and headers["content-length"] == "0"
+            assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), headers  # every answer has one
     served(front)
 
 

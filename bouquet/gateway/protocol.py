@@ -85,9 +85,12 @@ def error_bytes(status: int, message: str, code: str, path: str, headers: dict[s
 
 
 async def _server_options(scope: Any, receive: Any, send: Any) -> None:
-    """``OPTIONS *``: the server's methods, for any resource (RFC 9110 §9.3.7)."""
+    """``OPTIONS *``: the server's methods, for any resource (RFC 9110 §9.3.7), with the request id
+    every answer carries (docs/api.md)."""
+    rid, _ = request_headers(scope["headers"])
     await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"allow", b"GET, HEAD, POST, OPTIONS"), (b"content-length", b"0")]})
+                "headers": [(b"allow", b"GET, HEAD, POST, OPTIONS"), (b"content-length", b"0"),
+                            (b"x-request-id", rid)]})
     await send({"type": "http.response.body", "body": b""})
 
 
