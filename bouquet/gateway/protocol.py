@@ -172,7 +172,8 @@ class HttpProtocol(HttpToolsProtocol):
                 if room <= 0:
                     self._refuse_long_head()
                     return
-                room = min(room, len(data), _head_end(self._tail, data))
+                # at least one byte: a blank line wholly inside the stale tail must not stall the loop
+                room = min(room, len(data), max(1, _head_end(self._tail, data)))
                 piece, data = data[:room], data[room:]
                 self._tail = (self._tail + piece)[-2:]
             self._completed = False
