@@ -285,7 +285,7 @@ def test_openapi_schema_agrees_with_the_server(minilm_server, path, body, ok):
     ("/v1/embeddings", {"input": [None]}, "got null"),
     ("/v1/embeddings", {"input": ["a", 3]}, "got a number"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 'got "hex"'),
-    ("/v1/rerank", {"query": "q", "documents": ["a", {"text": None}]}, "got null"),
+    ("/v1/rerank", {"query": "q", "documents": ["a", {"text": None}]}, "got 'text' as null"),
     ("/embed", {"inputs": {"a": 1}}, "got an object"),
 ])
 def test_errors_name_values_and_types_as_json(minilm_server, path, body, says):
