@@ -37,23 +37,32 @@ class RerankSettings:
 
 
 def cross_model_dir(shape: ModelShape, root: Path, tokenizer: Path, seed: int = 0) -> Path:
-    """``root/<name>-cross``: the shape as a one-label ``*ForSequenceClassification`` cross-encoder
-    with random weights (what ``/v1/rerank`` scores pairs with), unless it exists. BERT-family
-    shapes only (the config's ``model_type`` must have a sequence-classification head in transformers)."""
+    """``root/<name>-cross``: the shape as a reranker with random weights (what ``/v1/rerank``
+    scores pairs with), unless it exists. A BERT-family shape becomes a one-label
+    ``*ForSequenceClassification`` cross-encoder; a decoder shape (Qwen3) a ``*ForCausalLM`` marked
+    ``"is_reranker": true``, scored as Qwen3-Reranker is: P("yes") over the yes/no logits at the
+    last position of its prompt template (the tokenizer must hold "yes" and "no": the real Qwen3
+    one does)."""
     import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     out = root / f"{shape.name}-cross"
     if (out / "model.safetensors").exists():
         return out
-    cfg = AutoConfig.for_model(**{k: v for k, v in shape.config.items() if k != "architectures"}, num_labels=1)
+    decoder = shape.gated
+    fields = {k: v for k, v in shape.config.items() if k != "architectures"}
+    cfg = AutoConfig.for_model(**fields) if decoder else AutoConfig.for_model(**fields, num_labels=1)
+    auto = AutoModelForCausalLM if decoder else AutoModelForSequenceClassification
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
     def build() -> Any:
         with torch.device(dev):
-            return AutoModelForSequenceClassification.from_config(cfg, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
+            return auto.from_config(cfg, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
 
-    return save_random_model(out, build, tokenizer, seed=seed, config_extra={"bouquet": {"max_seq_length": shape.max_len}})
+    extra: dict[str, Any] = {"bouquet": {"max_seq_length": shape.max_len}}
+    if decoder:
+        extra["is_reranker"] = True
+    return save_random_model(out, build, tokenizer, seed=seed, config_extra=extra)
 
 
 def _bodies(tok: Any, words: list[str], n_docs: int, rs: RerankSettings, count: int, seed: int,
