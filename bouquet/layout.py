@@ -29,7 +29,7 @@ from pathlib import Path
 SMALL_MODEL_PARAMS = 200_000_000  # at most this many parameters: two replicas per GPU when cores allow
 CORES_PER_GPU_REPLICA = 2  # host cores one GPU replica keeps busy (event loop + spinning wait thread)
 CORES_PER_CPU_WORKER = 8  # CPU device: one gateway worker per this many cores
-MAX_TOKENIZER_THREADS = 4  # per gateway worker: more only adds threads waiting on the same cores
+MAX_TOKENIZER_THREADS = 4  # per gateway worker: the most shards one request's text is cut into
 GATEWAY_WORKER_BYTES = 512 * 2**20  # memory budgeted per gateway worker (app, tokenizer, buffers)
 MAX_GATEWAY_WORKERS = 32
 
@@ -86,7 +86,11 @@ def choose_layout(machine: Machine, parameters: int, gateway_workers: int = 0, r
         if machine.memory_bytes:
             workers = min(workers, max(1, machine.memory_bytes // 2 // GATEWAY_WORKER_BYTES))
         workers = min(workers, MAX_GATEWAY_WORKERS)
-    threads = tokenizer_threads or max(1, min(MAX_TOKENIZER_THREADS, cpus // workers))
+    # A large request (a 100-document rerank) is cut into one shard per tokenizer thread
+    # (gateway/core.py run_sharded): threads past cores/workers let a lone one use the cores the
+    # other workers leave idle; under load they only queue for the same cores.
+    free = cpus // workers if machine.local_replicas and machine.gpus == 0 else cpus - busy
+    threads = tokenizer_threads or max(1, min(MAX_TOKENIZER_THREADS, free))
     where = (f"{machine.gpus} GPU(s)" if machine.gpus else "CPU") if machine.local_replicas else "remote replicas"
     reason = (f"{cpus} cores, {where}: {workers} gateway worker(s) × {threads} tokenizer thread(s), "
               f"{rpg} replica(s) per {'GPU' if machine.gpus else 'device'} ({why})")
