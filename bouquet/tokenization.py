@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -155,17 +156,30 @@ class TextTokenizer:
         appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
         self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
+        # Truncation is a setting of the Rust tokenizer, so each (side, single/pair) has its own copy.
+        # A copy of a large tokenizer.json costs ~1 s (XLM-R's 17 MB), so only what the model's
+        # task uses by default is built here; a left-side or other-task copy on first use.
         self._trunc: dict[str, Tokenizer] = {}
-        for side in ("left", "right"):
-            t = Tokenizer.from_str(base.to_str())
-            t.enable_truncation(self.max_len, strategy="longest_first", direction=side)
-            self._trunc[side] = t
-            tp = Tokenizer.from_str(base.to_str())
-            tp.enable_truncation(self.max_len, strategy="only_second", direction=side)
-            self._trunc[side + "_pair"] = tp
+        self._trunc_lock = threading.Lock()
+        self._truncating("right_pair" if spec.task == "score" else "right")
         self.vocab_size = spec.vocab_size
         self._windowers: dict[int, Tokenizer] = {}  # by overlap; built on first long input
         self._prompt_lengths: dict[str, int] = {}
+
+    def _truncating(self, kind: str) -> Tokenizer:
+        """The copy that truncates to ``max_len``: ``kind`` is "left" / "right" (one text,
+        longest_first) or "left_pair" / "right_pair" (the second text only), built once."""
+        t = self._trunc.get(kind)
+        if t is None:
+            with self._trunc_lock:
+                t = self._trunc.get(kind)
+                if t is None:
+                    side, _, pair = kind.partition("_")
+                    t = Tokenizer.from_str(self._plain.to_str())
+                    t.enable_truncation(self.max_len, strategy="only_second" if pair else "longest_first",
+                                        direction=side)
+                    self._trunc[kind] = t
+        return t
 
     def _finish(self, ids: list[int]) -> np.ndarray:
         # np.fromiter with a count: half the time of np.asarray on a list of ~500 ints
@@ -231,7 +245,7 @@ class TextTokenizer:
         if truncate:
             # The truncating copy in one pass; long texts through a window at their kept end,
             # truncated by the same copy's post-processor (what its ``encode`` runs after the model).
-            trunc, long_idx = self._trunc[side], self._windowed(texts)
+            trunc, long_idx = self._truncating(side), self._windowed(texts)
             encs = _spliced(texts, long_idx, lambda xs: [trunc.post_process(e) for e in self._bounded(xs, side)[1]],
                             lambda xs: _encode_ids(trunc, xs))
             ids = [self._finish(e.ids) for e in encs]
@@ -252,7 +266,7 @@ class TextTokenizer:
         together by the tokenizer's own ``post_process`` (truncation, then the pair template),
         which is what ``Tokenizer.encode((query, document))`` runs after tokenizing the two
         sequences apart: same ids and token types, without tokenizing an over-long pair twice."""
-        join = self._trunc[side + "_pair"] if truncate else self._plain
+        join = self._truncating(side + "_pair") if truncate else self._plain
         unique = list(dict.fromkeys(q for q, _ in pairs))
         q_encs = dict(zip(unique, self._plain.encode_batch_fast(unique, add_special_tokens=False)))
         docs = [d for _, d in pairs]
@@ -294,7 +308,7 @@ class TextTokenizer:
             return 0
         n = self._prompt_lengths.get(prompt)
         if n is None:
-            ids = self._trunc["right"].encode(prompt).ids
+            ids = self._truncating("right").encode(prompt).ids
             special = self._plain.get_added_tokens_decoder()
             n = len(ids) - (1 if ids and ids[-1] in special and special[ids[-1]].special else 0)
             if len(self._prompt_lengths) < 1024:  # bounded: clients may send prompts of their own
