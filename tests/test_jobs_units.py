@@ -119,7 +119,7 @@ BAD_ROWS = [
     ("a.txt", b"ok\nfine\nbad \xff here\n", r"line 3: not valid UTF-8 \(byte 0xff at column 5\)"),
     ("a.csv", b'id,text\n1,"two\nlines"\n2,\xff\n', r"line 4 \(data row 2\): 'text' is not valid UTF-8"),
     ("a.csv", b"id,text\n1,a\n,b\n", r"line 3 \(data row 2\): empty 'id'"),
-    ("a.tsv", b"id\ttext\n1\ta\n2\tb\tc\n", r"cannot be read as TSV: line 3: 3 fields where the header has 2"),
+    ("a.tsv", b"id\ttext\n1\ta\n2\tb\tc\n", r"cannot be read as TSV: line 3 \(data row 2\): 3 fields where the header has 2"),
     # a stray opening quote: pyarrow read the rest of the file as that one value (997 rows lost, exit 0)
     ("a.csv", b'id,text\n1,a\n2,"stray\n3,c\n4,d\n', r"line 3 \(data row 2\): a quoted value is not closed"),
     ("a.csv", b'id,text\n1,a\n2,"stray\n3,c', r"line 3 \(data row 2\): a quoted value is not closed"),

@@ -113,13 +113,14 @@ def where(f: InputFile, row: int) -> str:
 
 
 def bad_csv_record(f: InputFile) -> str | None:
-    """'line L: N fields where the header has M' for the first record of the wrong width, else None."""
+    """'line L (data row R): N fields where the header has M' for the first record of the wrong
+    width, else None."""
     width = None
-    for line, record in _csv_records(f):
+    for i, (line, record) in enumerate(_csv_records(f)):
         if width is None:
             width = len(record)
         elif len(record) != width:
-            return f"line {line}: {len(record)} fields where the header has {width}"
+            return f"line {line} (data row {i}): {len(record)} fields where the header has {width}"
     return None
 
 
