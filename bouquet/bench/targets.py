@@ -297,7 +297,10 @@ class ServerProcess:
 
         # the server dies with this process even when it is SIGKILLed (parent.py); a SIGTERM to the
         # bench stops it through stop() (cli.py turns SIGTERM into SystemExit)
-        env = {**os.environ, **(extra_env or {}), PARENT_PID_ENV: str(os.getpid())}
+        # The server is the bench's own, on 127.0.0.1: a BOUQUET_API_KEY set for the user's servers
+        # would make it refuse the bench's clients, which send no key.
+        env = {**{k: v for k, v in os.environ.items() if k != "BOUQUET_API_KEY"}, **(extra_env or {}),
+               PARENT_PID_ENV: str(os.getpid())}
         if kind == "grpc":
             cfg = ServeConfig(model=str(model_dir), device=device, engine=engine,  # type: ignore[arg-type]
                               quantization=quantization).validate()  # type: ignore[arg-type]
