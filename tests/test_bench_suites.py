@@ -79,3 +79,28 @@ def test_compare_sets_each_row_beside_the_baseline() -> None:
     other = _results("old", 1.0, 1.0)
     other["models"] = {"bge-base": other["models"]["qwen3-0.6b"]}
     assert compare(_results("new", 1.0, 1.0), other) == ""
+
+
+def test_served_starts_a_real_server_for_the_tool_suites_and_stops_it() -> None:
+    """bouquet/bench/served.py: the server the CPU tool suites (cpu-sts, load, soak, gateway-overhead,
+    serving-profile) start; the no-op engine answers zero vectors of the model's size."""
+    import numpy as np
+
+    from bouquet.bench.served import Served
+
+    srv = Served("--engine", "noop", "--log-level", "warning")
+    try:
+        vecs = srv.vectors(["a short text", "another one"])
+        assert vecs.shape == (2, 384) and vecs.dtype == np.float32 and not vecs.any()
+        with pytest.raises(RuntimeError, match="answered 400"):
+            srv.vectors([])
+    finally:
+        srv.stop()
+    assert srv.proc.poll() is not None
+
+
+def test_served_reports_a_server_that_cannot_start() -> None:
+    from bouquet.bench.served import Served
+
+    with pytest.raises(RuntimeError, match="did not become healthy"):
+        Served("--model", "/nonexistent/model-dir", timeout_s=60)

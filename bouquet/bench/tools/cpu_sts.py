@@ -24,11 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
-from bouquet.bench.meta import source_commit  # noqa: E402
-sys.path.insert(0, str(REPO / "tests"))
+from bouquet.bench.meta import source_commit
+from bouquet.bench.served import Served
+from bouquet.bench.sts import read_sts
 
-from helpers import BouquetProcess, cosine_rows, read_sts  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]  # the source checkout: tests/data/stsbenchmark
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def best_rate(fn, n: int, repeats: int) -> float:
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 
-    s1, s2, _ = read_sts(args.split)
+    s1, s2, _ = read_sts(REPO / "tests" / "data" / "stsbenchmark", args.split)
     sents = s1 + s2
     n = len(sents)
     spec = load_spec(None)
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     results["bouquet in-process (sorted by length, as sentence-transformers)"] = best_rate(
         lambda: bouquet_in_process(True), n, args.repeats)
 
-    srv = BouquetProcess()
+    srv = Served()
     try:
         chunks = [sents[i:i + 64] for i in range(0, n, 64)]
         http_vecs = np.concatenate([srv.vectors(c) for c in chunks])

@@ -23,12 +23,11 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
+REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data)
 from bouquet.bench.meta import source_commit  # noqa: E402
 from bouquet.jobs.embed_job import EmbedJobConfig  # noqa: E402
 

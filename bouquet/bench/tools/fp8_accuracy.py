@@ -14,7 +14,6 @@ to measure a candidate default before it is one.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from bouquet.engine.engine import Engine
 from bouquet.engine.quant import set_fp8_min_tokens
 from bouquet.modelspec import load_spec, resolve_model_path
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
+REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data)
 
 
 def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:

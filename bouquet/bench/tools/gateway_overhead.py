@@ -38,10 +38,9 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
+REPO = Path(__file__).resolve().parents[3]  # the source checkout
 from bouquet.bench.meta import source_commit  # noqa: E402
 from bouquet.bench.procs import cpu_seconds  # noqa: E402
-sys.path.insert(0, str(REPO / "tests"))  # helpers.BouquetProcess: a real server on free ports
 
 from bouquet.bench.loadgen import LoadResult, post_request, run_window  # noqa: E402
 
@@ -210,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `bouquet serve` argument (repeatable), "
                     "e.g. --serve-arg=--transport --serve-arg=grpc")
     a = ap.parse_args(argv)
-    from helpers import BouquetProcess
+    from bouquet.bench.served import Served
 
     from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = load_spec(model_args[1] if model_args else None)
     ids = TextTokenizer(spec).encode([TEXT]).ids[0].tolist()
     env = environment()
-    srv = BouquetProcess("--engine", "noop", "--log-level", "warning", *model_args, *a.serve_arg,
+    srv = Served("--engine", "noop", "--log-level", "warning", *model_args, *a.serve_arg,
                          env={"TOKENIZERS_PARALLELISM": "false"})
     try:
         import httpx

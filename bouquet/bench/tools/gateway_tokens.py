@@ -33,7 +33,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
+REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data)
 from bouquet.bench.meta import source_commit  # noqa: E402
 
 from bouquet.bench.loadgen import LoadResult, post_request, run_window  # noqa: E402
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     # Engine only: the same token ids, repeated to a few seconds of work, packed under the same budget.
     import torch
 
-    from bench.embed_gpu import engine_rows_per_s
+    from bouquet.bench.tools.embed import engine_rows_per_s
     from bouquet.engine.engine import Engine
 
     engine = Engine(spec, a.device)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
+REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data)
 
 from bouquet.bench.loadgen import post_request, run_load, summarize  # noqa: E402
 from bouquet.bench import sts  # noqa: E402

@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
-sys.path.insert(0, str(REPO / "tests"))  # helpers.BouquetProcess: a real server on free ports
+REPO = Path(__file__).resolve().parents[3]  # the source checkout
 
 from bouquet.bench.load import reference_vectors, run_load, summary, text_pool, verdict  # noqa: E402
 
@@ -43,11 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--record", default=None, help="append a result section to this markdown file")
     args = ap.parse_args(argv)
 
-    from helpers import BouquetProcess
+    from bouquet.bench.served import Served
 
     texts = text_pool()
     refs = reference_vectors(texts)
-    srv = None if args.url else BouquetProcess("--max-queue-tokens", str(args.max_queue_tokens))
+    srv = None if args.url else Served("--max-queue-tokens", str(args.max_queue_tokens))
     url = args.url or srv.url  # type: ignore[union-attr]
     assert url.startswith(("http://127.0.0.1", "http://localhost")), "load tests run on loopback only"
     try:

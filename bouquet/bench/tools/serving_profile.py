@@ -27,8 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
-sys.path.insert(0, str(REPO / "tests"))  # helpers.BouquetProcess: a real server on free ports
+REPO = Path(__file__).resolve().parents[3]  # the source checkout
 
 from bouquet.bench.tools.gateway_overhead import environment, pin  # noqa: E402
 from bouquet.bench.procs import cpu_seconds  # noqa: E402
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-pin", action="store_true")
     ap.add_argument("--out", default="/tmp/serving-profile")
     a = ap.parse_args(argv)
-    from helpers import BouquetProcess
+    from bouquet.bench.served import Served
 
     import httpx
 
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
 
         model_args = ["--model", str(make_model_dir(SHAPES["minilm"], Path(tempfile.mkdtemp(prefix="prof-"))))]
     env = environment()
-    srv = BouquetProcess("--engine", a.engine, "--log-level", "warning", "--gateway-workers", str(a.gateway_workers),
+    srv = Served("--engine", a.engine, "--log-level", "warning", "--gateway-workers", str(a.gateway_workers),
                          *model_args, *a.serve_arg, env={"TOKENIZERS_PARALLELISM": "false"}, device=a.device)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
-sys.path.insert(0, str(REPO / "tests"))  # helpers.BouquetProcess: a real server on free ports
+REPO = Path(__file__).resolve().parents[3]  # the source checkout
 
 from bouquet.bench.load import growth_mb, reference_vectors, short_pool, soak, verdict  # noqa: E402
 from bouquet.bench.meta import source_commit  # noqa: E402
@@ -32,12 +31,12 @@ from bouquet.bench.procs import child_pids  # noqa: E402
 
 def run(n: int, clients: int, rerank_model: str | None = None) -> dict[str, Any]:
     """Start the server(s), soak, stop. Returns the summary (``failures`` empty when it passed)."""
-    from helpers import BouquetProcess
+    from bouquet.bench.served import Served
 
     texts = short_pool()
     refs = reference_vectors(texts)
-    srv = BouquetProcess()
-    rsrv = BouquetProcess("--model", rerank_model) if rerank_model else None
+    srv = Served()
+    rsrv = Served("--model", rerank_model) if rerank_model else None
     try:
         pids = [srv.proc.pid, *child_pids(srv.proc.pid)]
         if rsrv:

@@ -16,12 +16,11 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data, tests/helpers.py)
+REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data)
 
 from bouquet.bench.sts import read_sts  # noqa: E402
 
