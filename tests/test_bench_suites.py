@@ -69,6 +69,7 @@ def test_history_rows_append_to_one_csv(tmp_path: Path) -> None:
     assert [(r["commit"], r["value"], r["unit"], r["case"]) for r in p50] == [
         ("abc1234", "1.1", "ms", "qwen3-0.6b b1 L128"), ("def5678", "1.0", "ms", "qwen3-0.6b b1 L128")]
     assert {r["device"] for r in got} == {"NVIDIA H200"} and {r["date"] for r in got} == {"2026-12-04"}
+    assert b"\r" not in path.read_bytes()  # plain lines, as bench/results/history.csv is kept
 
 
 def test_compare_sets_each_row_beside_the_baseline() -> None:

@@ -44,7 +44,7 @@ def append_history(path: Path, rows: list[dict[str, Any]]) -> None:
     """Append ``rows`` to the CSV at ``path``, writing the header first when the file is new."""
     new = not path.exists() or path.stat().st_size == 0
     with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         if new:
             w.writeheader()
         w.writerows(rows)
