@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from bouquet.bench.command import bench as bench_command
+from bouquet.bench.command import bench_app
 from bouquet.config import (BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS,
                             ConfigError, ServeConfig)
 
@@ -239,7 +239,7 @@ def serve(
     raise typer.Exit(code)
 
 
-app.command("bench", short_help="Benchmark bouquet beside transformers (bench/README.md).")(bench_command)
+app.add_typer(bench_app, name="bench", short_help="Benchmark bouquet beside transformers (bench/README.md).")
 
 
 @app.command(short_help="Embed files into vector shards (offline, resumable).")

@@ -94,11 +94,10 @@ def test_bench_queries_smoke(tmp_path: Path) -> None:
 
 
 def test_gateway_tokens_bench_smoke(tmp_path: Path) -> None:
-    """bench/gateway_tokens_gpu.py (issue #4 (b), run on the H200) works end to end before it
+    """`bouquet bench gateway-tokens` (issue #4 (b), run on the H200) works end to end before it
     spends device time: serve, client processes, replies checked, engine-only pass, JSON out."""
     out = tmp_path / "g.json"
-    script = Path(__file__).resolve().parents[1] / "bench" / "gateway_tokens_gpu.py"
-    cmd = [sys.executable, str(script), str(out), "--tiny", "--device", "cpu", "--clients", "3", "--batch", "4",
+    cmd = [sys.executable, "-m", "bouquet", "bench", "gateway-tokens", str(out), "--tiny", "--device", "cpu", "--clients", "3", "--batch", "4",
            "--seconds", "1", "--warmup", "0.5", "--engine-tokens", "3000", "--work-dir", str(tmp_path / "w")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -191,7 +190,7 @@ def test_latency_benchmarks_run_only_the_cases_asked_for(tmp_path: Path, benchma
 
 def test_concurrency_warm_up_lasts_until_no_new_graph_is_captured(tmp_path: Path) -> None:
     """Benchmark 4 repeats its untimed window while the system still captures CUDA graphs (on a GPU
-    the first shapes' captures made 16 clients' p99 4–10× their p50: bench/results/h200-2026-12-02),
+    the first shapes' captures made 16 clients' p99 4–10× their p50: bench/results/history.csv, 2026-12-02),
     and records the captures of the warm-up and of the timed window apart. A CPU engine captures
     none, so its graph counter is stepped by hand: +1 per request for the first 12 requests."""
     import numpy as np

@@ -1,4 +1,4 @@
-"""The benchmark client's reading of a server's CUDA-graph capture counter (bench/targets.py),
+"""The benchmark client's reading of a server's CUDA-graph capture counter (bouquet/bench/targets.py),
 from a /metrics text as the gateway writes it (prometheus_client), with two replicas of two
 models; the end-to-end path (a real `bouquet serve`) is in test_bench_smoke.py."""
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""bench/gpu_models_check.py (run on an H200 at full size) works end to end at tiny size on the
+"""`bouquet bench models-check` (bouquet/bench/tools/models_check.py, run on an H200 at full size) works end to end at tiny size on the
 CPU: same code path, transformers' random init handed to Engine.from_state_dict."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_models_check.py"
-
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_models_check_tiny_cpu(tmp_path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_models_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
+    from bouquet.bench.tools import models_check as mod
+
     out = tmp_path / "check.json"
     code = mod.main([str(out), "--tiny", "--device", "cpu", "--dtype", dtype])
     report = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""Reduced CI versions of bench/load_cpu.py and bench/soak_cpu.py (full runs: bench/results/)."""
+"""Reduced CI versions of `bouquet bench load` and `bouquet bench soak` (full runs: bench/results/cpu-2core.md)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,8 @@
-"""`bouquet bench`: the benchmark suites (bench/README.md) against bouquet, its no-op engine, the
-transformers baseline and other servers, side by side. The suites live in bouquet/bench/; this is
-the command's options only, registered by bouquet/cli.py."""
+"""`bouquet bench`: the benchmark suites (bench/README.md, bouquet/bench/suites.py) against bouquet,
+its no-op engine, the transformers baseline and other servers, side by side. ``bouquet bench
+[--suite NAME] [options]`` runs a load suite; ``bouquet bench TOOL ARGS`` a tool suite with its own
+arguments; ``bouquet bench suites`` lists both. This is the command's options only, registered by
+bouquet/cli.py; the suites live in bouquet/bench/."""
 from __future__ import annotations
 
 import logging
@@ -10,16 +12,25 @@ from typing import Optional
 
 import typer
 
+from bouquet.bench.suites import LOAD_SUITES, TOOL_SUITES, suites_table
 
+bench_app = typer.Typer(invoke_without_command=True, no_args_is_help=False, add_completion=False,
+                        help="Benchmark bouquet beside transformers and other servers (bench/README.md).")
+
+
+@bench_app.callback()
 def bench(
+    ctx: typer.Context,
+    suite: str = typer.Option("writeup", help="Load suite: " + "; ".join(f"{k} ({v.what})" for k, v in LOAD_SUITES.items())
+                              + ". It picks --benchmarks and --system where they are not given. Tool suites: `bouquet bench suites`."),
     model: list[str] = typer.Option(["bge-base"], metavar="SHAPE|DIR", help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
                                     "qwen3-0.6b, mpnet-base, modernbert-base, distilbert, roberta-large, gte-qwen2-1.5b, e5-mistral-7b, "
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
-    system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
+    system: list[str] = typer.Option([], metavar="NAME",
                                      help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K and qkv / MLP-in for small steps, gate/up + activation for large ones; the same as engine on the CPU) | replica, replica-fp8 (in process, stepped as a served replica steps it: its scheduler, token budget and two steps in flight; engine runs a whole request as one step) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
-                                     "noop) | openai | rerank-url (--rerank-url, rerank benchmark only) | transformers. Repeatable."),
-    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank)."),
+                                     "noop) | openai | rerank-url (--rerank-url, rerank benchmark only) | transformers. Repeatable (default: the suite's)."),
+    benchmarks: str = typer.Option("", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank). Default: the suite's."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
     out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
     models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
@@ -52,8 +63,22 @@ def bench(
     rerank_clients: str = typer.Option("1,4", help="Rerank benchmark: client counts."),
     rerank_url: Optional[str] = typer.Option(None, help="Any server with a Cohere-shaped /v1/rerank (system 'rerank-url')."),
     rerank_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --rerank-url (default: none sent)."),
+    baseline: Optional[Path] = typer.Option(None, help="results.json of an earlier run (e.g. the same suite from an old commit's checkout): "
+                                            "results.md gets each row beside it with the ratio."),
+    history: Optional[Path] = typer.Option(None, help="Append this run's figures to this CSV (bench/results/history.csv: one row per figure)."),
 ) -> None:
-    """Run the benchmarks (bench/README.md) against bouquet and the transformers baseline, side by side."""
+    """Run a load suite (bench/README.md) against bouquet and the transformers baseline, side by side."""
+    if ctx.invoked_subcommand is not None:  # a tool suite or `suites`: its own arguments
+        return
+    if suite not in LOAD_SUITES:
+        typer.echo(f"error: unknown --suite {suite!r} (load suites: {', '.join(LOAD_SUITES)}; tool suites run as "
+                   f"`bouquet bench NAME`: {', '.join(TOOL_SUITES)})", err=True)
+        raise typer.Exit(2)
+    if baseline is not None and not baseline.is_file():
+        typer.echo(f"error: --baseline {str(baseline)!r} is not a file", err=True)
+        raise typer.Exit(2)
+    system = system or list(LOAD_SUITES[suite].systems)
+    benchmarks = benchmarks or ",".join(LOAD_SUITES[suite].benchmarks)
     if device not in ("cuda", "cpu"):
         typer.echo(f"error: --device must be cuda or cpu, got {device!r}", err=True)
         raise typer.Exit(2)
@@ -97,11 +122,49 @@ def bench(
     # stopped by their finally blocks instead of outliving it (Python's default SIGTERM skips them).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     results, files = run_bench(opts)
+    _record(results, out, baseline, history)
     typer.echo((out / "results.md").read_text())
     for f in files:
         typer.echo(f"wrote {f}")
     if any(m["errors"] for m in results["models"].values()):
         raise typer.Exit(1)
+
+
+def _record(results: dict, out: Path, baseline: Optional[Path], history: Optional[Path]) -> None:
+    """The run set against ``baseline`` (appended to results.md) and appended to ``history``."""
+    import orjson
+
+    from bouquet.bench.history import append_history, compare, history_rows
+
+    if baseline is not None:
+        table = compare(results, orjson.loads(baseline.read_bytes()))
+        with (out / "results.md").open("a") as f:
+            f.write("\n" + (table or f"No row of this run is in the baseline {baseline}.\n"))
+    if history is not None:
+        append_history(history, history_rows(results, str(out / "results.json")))
+
+
+@bench_app.command("suites")
+def suites() -> None:
+    """List every suite and the command that runs it."""
+    typer.echo(suites_table())
+
+
+def _tool(name: str, module: str, what: str) -> None:
+    def run(ctx: typer.Context) -> None:
+        import importlib
+
+        code = importlib.import_module(f"bouquet.bench.tools.{module}").main(list(ctx.args))
+        raise typer.Exit(code or 0)
+
+    run.__doc__ = what
+    # every argument, --help included, goes to the tool's own parser
+    bench_app.command(name, help=what, add_help_option=False,
+                      context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run)
+
+
+for _name, (_module, _device, _what) in TOOL_SUITES.items():
+    _tool(_name, _module, f"{_what} ({_device}).")
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

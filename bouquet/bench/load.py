@@ -1,7 +1,7 @@
 """Load and soak clients for `bouquet serve` (loopback): mixed-length embedding requests from
 concurrent async clients, every returned vector checked against the reference of its own input.
 
-Used by bench/load_cpu.py and bench/soak_cpu.py (the full runs, results in bench/results/) and by
+Used by `bouquet bench load` and `bouquet bench soak` (the full runs, results in bench/results/cpu-2core.md) and by
 tests/test_load.py (reduced runs). Units: seconds, kB of resident memory as /proc reports it.
 """
 from __future__ import annotations

@@ -3,6 +3,7 @@ process tree, so that CPU per request can be reported beside requests per second
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Iterable
 
@@ -50,3 +51,14 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def terminate(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    """SIGTERM ``proc`` and wait; SIGKILL it when it is still running after ``grace_s`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -44,7 +44,7 @@ class Settings:
     warmup: int = 3
     # Benchmarks 3 and 4: the same concurrent load, untimed, for this long before each timed
     # window, so a server's first sights and captures of new CUDA-graph buckets (50-1,000 ms
-    # each, bench/graph_warmup_gpu.py) are not in the figures; that cost is reported on its own.
+    # each) are not in the figures; benchmark 4 reports the captures of its warm-up on their own.
     warmup_s: float = 1.0
     query_clients: tuple[int, ...] = (64, 256)  # benchmark 5: client processes
     query_tokens: tuple[int, int] = (16, 64)  # benchmark 5: text lengths, tokens (uniform)

@@ -1,7 +1,7 @@
 """`bouquet embed` as a benchmark sees it: a synthetic JSONL input of any size, and the real command
 run in a subprocess with its resident memory sampled.
 
-Used by bench/embed_stream.py (the 1,000,000-row run, bench/results/embed-stream-cpu.md) and by
+Used by `bouquet bench embed-stream` (the 1,000,000-row run, bench/results/cpu-2core.md) and by
 tests/test_embed_job.py (20,000 rows under a memory bound). Units: MiB, seconds.
 """
 from __future__ import annotations

@@ -333,11 +333,8 @@ class ServerProcess:
             raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        from bouquet.bench.procs import terminate
+
+        terminate(self.proc)
         self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)  # its log's tail is in the error when it failed (check)
