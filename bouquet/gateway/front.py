@@ -255,7 +255,9 @@ class Front:
         headers = [*response.raw_headers, (REQUEST_ID_HEADER, scope["bouquet.request_id"])]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
-        self._observe(scope, status, t0)
+        # Metrics and the log line once the answer has left: uvloop writes what was sent when this
+        # loop iteration's callbacks have run, so any work here would delay the answer.
+        asyncio.get_running_loop().call_soon(self._observe, scope, status, t0, time.perf_counter())
 
     async def _other(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         """FastAPI: docs, unknown paths (404), wrong methods (405); counted under the path's route
@@ -275,10 +277,11 @@ class Front:
         finally:
             self._observe(scope, status, t0)
 
-    def _observe(self, scope: Scope, status: int, t0: float) -> None:
-        """Metrics and the request's log line (module docstring)."""
+    def _observe(self, scope: Scope, status: int, t0: float, t1: float | None = None) -> None:
+        """Metrics and the request's log line (module docstring); ``t1``: when it was answered (now
+        when None)."""
         route, method = scope["path"], scope["method"]
-        elapsed = time.perf_counter() - t0
+        elapsed = (time.perf_counter() if t1 is None else t1) - t0
         # /health's 503s while loading are probes' routine, not errors to read
         level = logging.INFO if status >= 400 and route != "/health" else logging.DEBUG
         if access_log.isEnabledFor(level):  # the path as sent, at most 200 characters: it is the client's text
