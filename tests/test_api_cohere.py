@@ -1,4 +1,4 @@
-"""Cohere v2 ``POST /v2/embed`` and the compact encodings (int8, uint8, binary, ubinary, float16) on the
+"""Cohere v2 ``POST /v2/embed`` (and ``POST /v2/rerank``) and the compact encodings (int8, uint8, binary, ubinary, float16) on the
 real server, through the official ``cohere`` client (ClientV2) and httpx; binary / ubinary against
 sentence-transformers' ``quantize_embeddings``; the STSb Spearman each encoding keeps (docs/api.md).
 
@@ -169,6 +169,30 @@ def test_route_errors_openapi_and_sdk_exceptions(minilm_server):
     co = cohere.ClientV2(base_url=minilm_server.url, api_key="unused")
     with pytest.raises(cohere.NotFoundError):
         co.embed(model="embed-v4.0", texts=["a"], input_type="search_query")
+
+
+def test_cohere_client_rerank_v2(minilm_server):
+    """``ClientV2.rerank`` posts to /v2/rerank: the same ranking and scores as /v1/rerank, in Cohere's v2
+    shape; fields bouquet does not implement → 400 (the SDK's BadRequestError), in Cohere's error shape."""
+    docs = ["A man is playing a guitar.", "Stocks fell sharply on Monday.", "Someone plays an instrument on stage.",
+            "The cat sleeps."]
+    query = "a person playing music"
+    co = cohere.ClientV2(base_url=minilm_server.url, api_key="unused")
+    r = co.rerank(model=MODEL, query=query, documents=docs, top_n=3)
+    v1 = httpx.post(minilm_server.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 3},
+                    timeout=60).json()
+    assert [(x.index, x.relevance_score) for x in r.results] == [(x["index"], x["relevance_score"]) for x in v1["results"]]
+    assert [x.index for x in r.results][:2] == [2, 0] and isinstance(r.id, str) and r.id
+    assert r.meta.billed_units.input_tokens == v1["usage"]["prompt_tokens"] > 0
+    with pytest.raises(cohere.BadRequestError):
+        co.rerank(model=MODEL, query=query, documents=docs, max_tokens_per_doc=64)
+    for extra in ({"relevant_spans": {"enabled": True}}, {"priority": 1}, {"model": None}):
+        body = {k: v for k, v in {"model": MODEL, "query": query, "documents": docs, **extra}.items() if v is not None}
+        e = httpx.post(minilm_server.url + "/v2/rerank", json=body, timeout=60)
+        assert e.status_code == 400 and set(e.json()) == {"message"}, e.text
+        assert next(iter(k for k in extra)) in e.json()["message"], e.text
+    op = httpx.get(minilm_server.url + "/openapi.json").json()["paths"]["/v2/rerank"]["post"]
+    assert set(op["requestBody"]["content"]["application/json"]["schema"]["required"]) == {"model", "query", "documents"}
 
 
 @pytest.fixture(scope="module")

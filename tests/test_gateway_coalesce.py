@@ -64,3 +64,40 @@ def test_calls_leaving_out_different_prompts_are_not_merged() -> None:
     rows = asyncio.run(main())
     assert sorted(calls) == [(1, 7), (2, 0), (2, 5)]
     assert [int(r[0, 0]) for r in rows] == [0, 5, 5, 0, 7]  # each request got the rows of its own call
+
+
+def test_a_lone_request_makes_its_call_in_its_own_task() -> None:
+    """A request alone in its group runs the call in its own task (no task for the call, no hop for the
+    rows), and cancelling it cancels the call; requests together share one call in a task of its own."""
+    from bouquet.gateway.coalesce import Coalescer
+
+    tasks: list[asyncio.Task | None] = []
+    cancelled: list[bool] = []
+
+    async def run(seqs: list[np.ndarray], normalize: bool | None, dims: int | None, priority: int,
+                  pool_skip: int) -> np.ndarray:
+        tasks.append(asyncio.current_task())
+        if priority == 2:  # a call that never ends: its caller gives up
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+        return np.zeros((len(seqs), 2), dtype=np.float32)
+
+    async def main() -> None:
+        c = Coalescer(run, max_tokens=1000)
+        seq = [np.arange(4, dtype=np.int32)]
+        alone = asyncio.ensure_future(c.submit(seq, 4, None, None, 1))
+        assert (await alone).shape == (1, 2) and tasks == [alone]
+        both = [asyncio.ensure_future(c.submit(seq, 4, None, None, 1)) for _ in range(2)]
+        assert [r.shape for r in await asyncio.gather(*both)] == [(1, 2), (1, 2)]
+        assert len(tasks) == 2 and tasks[1] not in both and c.calls == 2
+        stuck = asyncio.ensure_future(c.submit(seq, 4, None, None, 2))
+        while len(tasks) < 3:
+            await asyncio.sleep(0)
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        assert tasks[2] is stuck and cancelled == [True]
+
+    asyncio.run(main())

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -48,6 +50,29 @@ def test_body_over_default_limit_413(minilm_server, size):
     err = openai_error(httpx.post(minilm_server.url + "/v1/embeddings", content=body,
                                   headers={"content-type": "application/json"}, timeout=60), 413, code="payload_too_large")
     assert f"limit of {DEFAULT} bytes" in err["message"] and "--max-request-bytes" in err["message"], err
+    assert minilm_server.embed("after 413").status_code == 200
+
+
+def test_content_length_over_limit_413_closes_at_once(minilm_server):
+    """A Content-Length past the limit is answered 413 before any of the body is read, with
+    ``Connection: close``, and the connection is closed then (after the front end's short linger),
+    not when the body deadline or the read-gap timeout (10 s) ends it."""
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (DEFAULT + 1))
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", minilm_server.port), timeout=20) as s:
+        s.sendall(head + b'{"input": "' + b"x" * 1000)
+        data = b""
+        while chunk := s.recv(65536):  # until the server closes
+            data += chunk
+        closed_after = time.monotonic() - t0
+    status, _, rest = data.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status.split()[1] == b"413" and b"connection: close" in headers.lower(), data[:300]
+    err = openai_error(httpx.Response(413, content=body, headers={"content-type": "application/json"}), 413,
+                       code="payload_too_large")
+    assert f"limit of {DEFAULT} bytes" in err["message"] and "--max-request-bytes" in err["message"], err
+    assert closed_after < 6, closed_after
     assert minilm_server.embed("after 413").status_code == 200
 
 
@@ -176,6 +201,20 @@ def test_api_key_every_route_but_health(strict_server):
             assert r.headers.get("www-authenticate", "").startswith("Bearer")
         r = httpx.request(method, strict_server.url + path, headers=AUTH, json={}, timeout=30)
         assert r.status_code != 401, (method, path)
+
+
+def test_api_key_refusal_names_what_was_wrong(strict_server):
+    """A 401 says whether the header was missing, used another scheme (named: a client set up with a
+    user and password sends ``Basic``), had no scheme (the bare value is not echoed), or held another key."""
+    url = strict_server.url + "/v1/embeddings"
+    for headers, words in (({}, "missing 'Authorization: Bearer' header"),
+                           ({"Authorization": "Basic dXNlcjpwYXNz"}, "uses the 'Basic' scheme"),
+                           ({"Authorization": KEY}, "is not of the form 'Bearer <API key>'"),
+                           ({"Authorization": "Bearer wrong"}, "invalid API key")):
+        r = httpx.post(url, headers=headers, json={"input": "x"}, timeout=30)
+        err = r.json()["error"]
+        assert r.status_code == 401 and err["code"] == "invalid_api_key" and words in err["message"], r.text
+        assert KEY not in r.text and "dXNlcjpwYXNz" not in r.text
 
 
 # ---- weights only from safetensors -------------------------------------------------------------

@@ -42,12 +42,12 @@ ROUTES = Routes(
           "/rerank": routes_tei.rerank_route, "/tokenize": routes_tei.tokenize_route,
           "/similarity": routes_tei.similarity_route, "/decode": routes_tei.decode_route,
           "/embed_sparse": routes_sparse.embed_sparse_route, "/embed_all": routes_sparse.embed_all_route,
-          "/v2/embed": routes_cohere.embed_route},
+          "/v2/embed": routes_cohere.embed_route, "/v2/rerank": routes_cohere.rerank_route},
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
     public={"/health": routes_openai.health_status_route},
-    kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v1/score": "score", "/rerank": "score"},
+    kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v2/rerank": "score", "/v1/score": "score", "/rerank": "score"},
 )
 
 
@@ -181,3 +181,5 @@ def describe_routes(app: FastAPI) -> None:
     app.add_api_route("/v2/embed", _served_by_front, methods=["POST"],
                       summary="Cohere v2 embed: float, int8, uint8, binary, ubinary and base64 vectors",
                       **d.route_docs(d.COHERE_EMBED_REQUEST, d.COHERE_EMBED_RESPONSE, error=d.COHERE_ERROR))
+    app.add_api_route("/v2/rerank", _served_by_front, methods=["POST"], summary="Cohere v2 rerank",
+                      **d.route_docs(d.COHERE_RERANK_REQUEST, d.COHERE_RERANK_RESPONSE, error=d.COHERE_ERROR))

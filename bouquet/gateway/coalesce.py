@@ -10,7 +10,8 @@ small requests become ready in the same event-loop iteration; this module gather
 (normalize, dimensions, priority, pool_skip: the prompt tokens left out of pooling, one count per
 call), into one call, flushed at the end of the iteration they arrived
 in (``loop.call_soon``): no timer, so a lone request waits for nothing. Rows come back in order and
-are handed out by sequence count.
+are handed out by sequence count. A request alone in its group runs the call in its own task: no
+task of its own for the call, and no hop through it for the rows (its batch-1 latency).
 
 A failed combined call that the server blames on its input (HTTP 400/422 after translation) is
 asked again request by request, so that each gets its own answer; other failures (503, 429, 504)
@@ -69,7 +70,10 @@ class Coalescer:
         group.tokens += tokens
         group.waiting += 1
         try:
-            return await fut
+            rows = await fut
+            if rows is None:  # alone in its group (_flush): the call runs here, in the request's task
+                return await self.run(group.seqs, *key)
+            return rows
         finally:
             group.waiting -= 1
             if group.waiting == 0 and group.task is not None and not group.task.done():
@@ -80,6 +84,10 @@ class Coalescer:
             del self._open[key]
         if group.waiting:
             self.calls += 1
+            if len(group.futures) == 1:  # nobody to share with: its request makes the call itself
+                if not group.futures[0].done():  # (a cancelled one is done, its task not yet unwound)
+                    group.futures[0].set_result(None)
+                return
             group.task = asyncio.ensure_future(self._call(key, group))
 
     async def _call(self, key: Key, group: _Group) -> None:

@@ -71,15 +71,30 @@ class Routes:
     public: dict[str, GetRoute] = field(default_factory=dict)
 
 
-def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The credentials of ``Authorization: Bearer <token>``: the scheme is case-insensitive and
-    surrounding whitespace is ignored (RFC 9110 §11.1, RFC 6750 §2.1). None without the header or
-    with another scheme."""
+def credentials(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes | None]:
+    """(scheme, token) of the ``Authorization`` header: (None, None) without one; the token of
+    ``Bearer <token>`` (the scheme is case-insensitive, surrounding whitespace ignored: RFC 9110
+    §11.1, RFC 6750 §2.1); (the scheme as sent, None) for another scheme; (b"", None) for a value
+    without a scheme."""
     for name, value in headers:
         if name == b"authorization":
             parts = value.split(None, 1)  # any run of spaces or tabs between scheme and token
-            return parts[1].strip() if len(parts) == 2 and parts[0].lower() == b"bearer" else None
-    return None
+            if len(parts) == 2 and parts[0].lower() == b"bearer":
+                return parts[0], parts[1].strip()
+            return (parts[0] if len(parts) == 2 else b""), None  # a bare value (the key itself?) is not echoed
+    return None, None
+
+
+def auth_refusal(scheme: bytes | None, token: bytes | None) -> str:
+    """Why a request's credentials were refused: none sent, another scheme (named: ``Basic`` is
+    the usual mistake of a client configured with a user and password), or the wrong key."""
+    if scheme is None:
+        return "missing 'Authorization: Bearer' header"
+    if token is None:
+        shown = scheme[:32].decode("latin-1") if scheme and scheme.isalpha() else ""
+        return (f"the Authorization header uses the {shown!r} scheme; send 'Authorization: Bearer <API key>'"
+                if shown else "the Authorization header is not of the form 'Bearer <API key>'")
+    return "invalid API key"
 
 
 class _Watch:
@@ -146,14 +161,14 @@ class Front:
             drain.inflight += 1
         try:
             if self.key is not None:
-                token = bearer_token(scope["headers"])
+                scheme, token = credentials(scope["headers"])
                 if token is None or not hmac.compare_digest(token, self.key):
                     public = self.routes.public.get(path) if method in ("GET", "HEAD") else None
                     if public is not None:
                         await self._send(send, await public(self.models), scope, t0)
                         return
-                    msg = "missing 'Authorization: Bearer' header" if token is None else "invalid API key"
-                    err = APIError(401, f"{msg}; this server requires an API key", None, "invalid_api_key",
+                    err = APIError(401, f"{auth_refusal(scheme, token)}; this server requires an API key", None,
+                                   "invalid_api_key",
                                    headers={"WWW-Authenticate": "Bearer"})
                     await self._send(send, err.response_for(path), scope, t0)
                     return
@@ -240,7 +255,9 @@ class Front:
         headers = [*response.raw_headers, (REQUEST_ID_HEADER, scope["bouquet.request_id"])]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
-        self._observe(scope, status, t0)
+        # Metrics and the log line once the answer has left: uvloop writes what was sent when this
+        # loop iteration's callbacks have run, so any work here would delay the answer.
+        asyncio.get_running_loop().call_soon(self._observe, scope, status, t0, time.perf_counter())
 
     async def _other(self, scope: Scope, receive: Receive, send: Send, t0: float) -> None:
         """FastAPI: docs, unknown paths (404), wrong methods (405); counted under the path's route
@@ -260,10 +277,11 @@ class Front:
         finally:
             self._observe(scope, status, t0)
 
-    def _observe(self, scope: Scope, status: int, t0: float) -> None:
-        """Metrics and the request's log line (module docstring)."""
+    def _observe(self, scope: Scope, status: int, t0: float, t1: float | None = None) -> None:
+        """Metrics and the request's log line (module docstring); ``t1``: when it was answered (now
+        when None)."""
         route, method = scope["path"], scope["method"]
-        elapsed = time.perf_counter() - t0
+        elapsed = (time.perf_counter() if t1 is None else t1) - t0
         # /health's 503s while loading are probes' routine, not errors to read
         level = logging.INFO if status >= 400 and route != "/health" else logging.DEBUG
         if access_log.isEnabledFor(level):  # the path as sent, at most 200 characters: it is the client's text

@@ -9,7 +9,8 @@ each gateway process's protocol instances through the uvicorn config (``GatewayC
 uvicorn pickles into its worker processes.
 
 What it does not own: the keep-alive wait between requests (uvicorn's ``timeout_keep_alive``), the
-body size (``--max-request-bytes``, checked by the routes: http.py).
+size of a body as it is read (``--max-request-bytes``, checked by the routes: http.py; only an
+announced Content-Length past it is refused here).
 """
 from __future__ import annotations
 
@@ -44,12 +45,16 @@ class HttpLimits:
     # After a refusal the answer is written, the sending side shut down, and what the client still
     # sends is read and dropped for up to this long before the connection is closed (protocol.py).
     linger_s: float = 2.0
+    # --max-request-bytes: a Content-Length past it is answered 413 before any of the body is read,
+    # and the connection closed (lingering), instead of reading (or waiting for) the body (0: unchecked)
+    max_body_bytes: int = 0
 
     @classmethod
     def from_config(cls, cfg: ServeConfig, max_connections: int | None = None) -> "HttpLimits":
         return cls(cfg.timeout_connect_idle, cfg.timeout_headers, cfg.timeout_body, cfg.timeout_read_gap,
                    cfg.max_header_bytes, cfg.max_header_count,
-                   cfg.max_connections if max_connections is None else max_connections)
+                   cfg.max_connections if max_connections is None else max_connections,
+                   max_body_bytes=cfg.request_bytes_limit)
 
 
 class GatewayConfig(uvicorn.Config):

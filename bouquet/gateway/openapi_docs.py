@@ -97,6 +97,11 @@ RERANK_REQUEST = _obj({
 }, ["query", "documents"])
 RERANK_RESPONSE = _obj({"id": _STR, "model": _STR, "usage": _USAGE, "results": {"type": "array", "items": _obj(
     {"index": _INT, "relevance_score": _NUM, "document": _obj({"text": _STR})})}})
+COHERE_RERANK_REQUEST = _obj({k: v for k, v in RERANK_REQUEST["properties"].items() if k != "priority"},
+                             ["model", "query", "documents"])
+COHERE_RERANK_RESPONSE = _obj({"id": _STR, "results": {"type": "array", "items": _obj(
+    {"index": _INT, "relevance_score": _NUM, "document": _obj({"text": _STR})})},
+    "meta": _obj({"api_version": _obj({"version": _STR}), "billed_units": _obj({"input_tokens": _INT})})})
 SCORE_REQUEST = _obj({"text_1": _TEXTS, "text_2": _TEXTS, "model": _STR, **_SCORING_EXT}, ["text_1", "text_2"])
 SCORE_RESPONSE = _obj({"id": _STR, "object": _STR, "created": _INT, "model": _STR, "usage": _USAGE,
                        "data": {"type": "array", "items": _obj({"index": _INT, "object": _STR, "score": _NUM})}})

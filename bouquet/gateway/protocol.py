@@ -9,6 +9,8 @@ Limits (gateway/limits.py, docs/deploy.md), per connection:
 - size: the head is fed to the parser at most ``max_header_bytes`` at a time, so a head that never
   ends costs that much memory and gets 431 (414 when the target is most of it); more than
   ``max_header_count`` field lines → 431; chunk extensions and trailers share one such budget;
+- body: a ``Content-Length`` past ``max_body_bytes`` (``--max-request-bytes``) → 413 at once,
+  before any of the body is read (the routes check bodies as they read them: http.py);
 - count: past ``max_connections`` open connections in this process, a new connection's request
   is answered 503 with ``Retry-After`` (uvicorn's own ``limit_concurrency`` answers plain text,
   without ``Retry-After``, and on every connection, idle keep-alive ones counted).
@@ -49,7 +51,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from bouquet.config import ServeConfig
 from bouquet.gateway.errors import APIError
-from bouquet.gateway.http import TRUNCATED
+from bouquet.gateway.http import BODY_LIMIT_FLAGS, TRUNCATED
 from bouquet.gateway.limits import HttpLimits
 from bouquet.gateway.request_head import Refusal, bad_request, check_head
 from bouquet.gateway.tracing import new_request_id, request_headers
@@ -236,6 +238,8 @@ class HttpProtocol(HttpToolsProtocol):
             refusal = self._count_refusal()
         if refusal is None:
             refusal = check_head(self.parser.get_method(), self.parser.get_http_version(), self.url, self.headers)
+        if refusal is None and self.limits.max_body_bytes:
+            refusal = self._body_refusal()
         if refusal is not None:
             self._refusal = refusal
             raise _Refused
@@ -327,6 +331,14 @@ class HttpProtocol(HttpToolsProtocol):
     def _count_refusal(self) -> Refusal:
         return Refusal(431, f"the request has more than {self.limits.max_header_count} header field lines "
                             "(--max-header-count)", "request_header_fields_too_large")
+
+    def _body_refusal(self) -> Refusal | None:
+        limit = self.limits.max_body_bytes
+        for name, value in self.headers:
+            if name == b"content-length" and int(value) > limit:  # llhttp parsed it: plain digits
+                return Refusal(413, f"request body of {int(value)} bytes exceeds the limit of {limit} bytes "
+                                    f"{BODY_LIMIT_FLAGS}", "payload_too_large")
+        return None
 
     def _refuse_long_head(self) -> None:
         limit = self.limits.max_header_bytes

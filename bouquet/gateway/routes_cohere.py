@@ -1,4 +1,4 @@
-"""Cohere v2 compatible embedding route: ``POST /v2/embed``.
+"""Cohere v2 compatible routes: ``POST /v2/embed`` and ``POST /v2/rerank``.
 
 Request and response follow Cohere's API reference ("Embed", v2) as its Python SDK
 (``cohere.ClientV2.embed``) sends and parses them; errors are ``{"message": ...}`` with a 4xx
@@ -18,6 +18,11 @@ Request and response follow Cohere's API reference ("Embed", v2) as its Python S
 - ``output_dimension``: Matryoshka size, as ``dimensions`` on /v1/embeddings.
 - ``images``, ``inputs``, ``max_tokens``, ``priority``: not supported → 400 naming the field,
   never silently ignored.
+
+``/v2/rerank`` (Cohere's "Rerank", v2, as ``cohere.ClientV2.rerank`` sends it): ``model`` (required),
+``query``, ``documents``, ``top_n`` as on ``/v1/rerank`` (routes_scoring.py); ``max_tokens_per_doc``,
+``relevant_spans`` and ``priority`` → 400 naming the field. Answer: ``{"id", "results": [{"index",
+"relevance_score"}], "meta": {"api_version", "billed_units": {"input_tokens"}}}``.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import TextInputs, check_dimensions, opt_int, opt_str
 from bouquet.gateway.pipeline import embed
-from bouquet.gateway.routes_scoring import parse_texts
+from bouquet.gateway.routes_scoring import parse_texts, ranked_results
 from bouquet.tokenization import resolve_prompt
 
 # input_type → prompt names tried in order among the model's ``prompts`` (exact names as models
@@ -49,6 +54,8 @@ _UNSUPPORTED = {"images": "only 'texts' can be embedded (bouquet serves text mod
                 "inputs": "only 'texts' can be embedded (bouquet serves text models)",
                 "max_tokens": "texts are cut at the model's own limit only (see 'truncate')",
                 "priority": "request priorities are not supported on this route"}
+_RERANK_UNSUPPORTED = {"relevant_spans": "relevant spans are not computed here",
+                       "priority": "request priorities are not supported on this route"}
 
 
 def input_type_prompt(gw: Gateway, input_type: str) -> str | None:
@@ -108,3 +115,18 @@ async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
                           "texts": texts, "meta": {"api_version": {"version": "2"},
                                                    "billed_units": {"input_tokens": res.tokens}},
                           "response_type": "embeddings_by_type"})
+
+
+async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
+    """``{"model", "query", "documents", "top_n"?}`` → ``{"id", "results": [{"index",
+    "relevance_score"}, ...], "meta": {"api_version": {"version": "2"}, "billed_units":
+    {"input_tokens"}}}``, results by descending score (module docstring). Raises APIError 400 for a
+    missing ``model`` or an unsupported field, and as ``/v1/rerank`` does (``ranked_results``)."""
+    for key, why in _RERANK_UNSUPPORTED.items():
+        if body.get(key) is not None:
+            raise bad_request(f"'{key}' is not supported: {why}", key, "unsupported_parameter")
+    if body.get("model") is None:
+        raise bad_request("'model' is required (one of the names in /v1/models)", "model", "missing_required_parameter")
+    results, tokens = await ranked_results(gw, body)
+    return json_response({"id": str(uuid.uuid4()), "results": results,
+                          "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}}})

@@ -80,10 +80,11 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
                           f"objects), got {shown(fields)}", "rank_fields", "unsupported_parameter")
 
 
-async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
-    """Cohere/Jina rerank: ``query``, ``documents``, ``top_n``, ``return_documents`` → results sorted
-    by ``relevance_score`` descending, each with its original ``index``. Raises APIError 400 for
-    Cohere's ``max_chunks_per_doc`` / ``max_tokens_per_doc``, and ``rank_fields`` other than ["text"]."""
+async def ranked_results(gw: Gateway, body: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """The rerank of ``body`` (``query``, ``documents``, ``top_n``, ``return_documents``): results
+    sorted by ``relevance_score`` descending, each with its original ``index``, and the tokens
+    scored. Shared by ``/v1/rerank`` and Cohere's ``/v2/rerank``. Raises APIError 400 for Cohere's
+    ``max_chunks_per_doc`` / ``max_tokens_per_doc``, and ``rank_fields`` other than ["text"]."""
     _refuse_unsupported(body)
     query = parse_query(body)
     docs = parse_documents(body.get("documents"), "documents", gw.cfg.max_inputs)
@@ -99,8 +100,14 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
         if return_docs:
             item["document"] = {"text": docs[i]}
         results.append(item)
+    return results, s.tokens
+
+
+async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
+    """Cohere/Jina rerank (``ranked_results``) → ``{"id", "model", "results", "usage"}``."""
+    results, tokens = await ranked_results(gw, body)
     return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": gw.public_id, "results": results,
-                          "usage": {"prompt_tokens": s.tokens, "total_tokens": s.tokens}})
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
 async def score_route(gw: Gateway, body: dict[str, Any]) -> Response:

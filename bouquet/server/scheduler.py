@@ -135,11 +135,11 @@ class Scheduler:
 
     def next_batch(self) -> ScheduledBatch | None:
         """The next batch to run, or None when nothing is pending."""
-        for key in self._queues:  # (priority, per_token) in priority order
+        for key, queue in self._queues.items():  # (priority, per_token) in priority order
             # Only one class per batch: a batch with interactive work is not topped up with
             # batch-class work, so the query's own batch stays small and its latency is at most
             # the batch in flight plus a short one, not two full batches.
-            slices = self._queues[key].take()
+            slices = queue.take() if queue else None  # (the loop asks after every step: most are empty)
             if slices:
                 break
         else:
