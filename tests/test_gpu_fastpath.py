@@ -13,6 +13,17 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+def replan(engine: object, **features: bool) -> None:
+    """Turn one family of the engine's Triton GEMMs on or off (``plan.KernelPlan``'s fields) and
+    choose every projection's method again: the A/B of the GPU tests, before any graph is captured."""
+    from dataclasses import replace
+
+    from bouquet.engine.linear import assign_methods
+
+    engine.plan = replace(engine.plan, **features)  # type: ignore[attr-defined]
+    assign_methods(engine.model, engine.plan)  # type: ignore[attr-defined]
+
+
 def test_add_layer_norm_matches_pytorch() -> None:
     from bouquet.engine.ops import add_layer_norm, layer_norm_reference
 

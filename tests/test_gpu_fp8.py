@@ -66,17 +66,19 @@ def test_activation_kernels_write_the_reference_fp8_rows(T: int) -> None:
 
 
 def test_fp8_gemm_equals_the_dequantized_matmul() -> None:
+    from bouquet.engine.linear import Linear
     from bouquet.engine.ops import quantize_rows
-    from bouquet.engine.quant import Projection
+    from bouquet.engine.quant import quantize_linear
 
     w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     b = torch.randn(2304, device="cuda", dtype=torch.bfloat16)
-    p = Projection(w, b, "qkv")
-    p.quantize(0)
-    assert p.fp8 is not None
+    p = Linear(w, b, "qkv")
+    quantize_linear(p, 0)
+    fp8 = p.fp8_method.weight
+    assert fp8 is not None
     for T in (1, 100, 5000):
         xq = quantize_rows(torch.randn(T, 768, device="cuda", dtype=torch.bfloat16))
-        want = (xq.values.float() * xq.scale) @ (p.fp8.weight.float() * p.fp8.scale.t()).t() + b.float()
+        want = (xq.values.float() * xq.scale) @ (fp8.weight.float() * fp8.scale.t()).t() + b.float()
         torch.testing.assert_close(p(xq).float(), want, rtol=2e-2, atol=2e-2)
 
 
@@ -133,14 +135,15 @@ def test_deferred_fp8_gemm_equals_the_rowwise_one() -> None:
     """Unit-scale GEMM + scales applied afterwards == the row-wise scaled GEMM, to bf16 rounding."""
     from bouquet.engine.fp8_rows import ScaledRows, materialize
     from bouquet.engine.ops import quantize_rows
-    from bouquet.engine.quant import Projection
+    from bouquet.engine.linear import Linear
+    from bouquet.engine.quant import quantize_linear
 
     w = torch.randn(3072, 1024, device="cuda", dtype=torch.bfloat16) * 0.05
     b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
-    rowwise, deferred = Projection(w, b, "up"), Projection(w, b, "up", defer=True)
+    rowwise, deferred = Linear(w, b, "up"), Linear(w, b, "up", readers="act")
     for p in (rowwise, deferred):
-        p.quantize(0)
-    assert deferred.deferred and not rowwise.deferred
+        quantize_linear(p, 0)
+    assert deferred.fp8_method.deferred and not rowwise.fp8_method.deferred
     for T in (1, 100, 5000):
         xq = quantize_rows(torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16))
         got = deferred(xq)
@@ -157,7 +160,7 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
     from bouquet.bench.models import SHAPES, make_model_dir, tiny
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.engine.quant import projections
+    from bouquet.engine.quant import fp8_linears
     from bouquet.modelspec import load_spec
     from tests.test_gpu_fastpath import _tokenizer
 
@@ -176,13 +179,13 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
             assert _cos(r, want).min() > 0.999
         bf16 = ref.forward(batch).cpu().numpy()
         cos = _cos(want, bf16)
-        if any(p.use_fp8(batch.num_tokens) for p in projections(eng.model)):
+        if any(p.reads_fp8(batch.num_tokens) for p in fp8_linears(eng.model)):
             assert cos.min() > 0.98 and not np.array_equal(want, bf16)
         else:  # small steps keep the bf16 weights (row-wise projections, e.g. MiniLM's qkv, below
             # FP8_MIN_TOKENS): the bf16 engine's rows (to float32 rounding)
             np.testing.assert_allclose(want, bf16, atol=1e-6, rtol=1e-6)
     assert eng.graph_captures == 3
-    deferred = [p for p in projections(eng.model) if p.fp8 is not None and p.deferred]
+    deferred = [p for p in fp8_linears(eng.model) if p.fp8_method.deferred]
     assert bool(deferred) == (shape == "qwen3-tiny")  # the decoder's MLP; MiniLM's qkv feeds attention
 
 
@@ -191,7 +194,7 @@ def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -
     rows unchanged (on the device), and the model tracks its dequantized bf16 weights."""
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine
-    from bouquet.engine.quant import projections, set_fp8_min_tokens
+    from bouquet.engine.quant import fp8_linears, set_fp8_min_tokens
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model
     from tests.test_fp8 import _fp8_checkpoint
@@ -199,8 +202,8 @@ def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -
     ckpt = _fp8_checkpoint(make_tiny_model("qwen3", tmp_path / "src"), tmp_path / "fp8", "channel")
     eng = Engine(load_spec(str(ckpt)), "cuda", quantization="fp8", fp8_min_cosine=0.0)
     ref = Engine(load_spec(str(tmp_path / "fp8-dequantized")), "cuda")
-    chosen = [p for p in projections(eng.model) if p.fp8 is not None]
-    assert chosen and all(p.fp8_stored and p.fp8.weight.is_cuda for p in chosen)
+    chosen = fp8_linears(eng.model)
+    assert chosen and all(p.fp8_method.from_checkpoint and p.fp8_method.weight.weight.is_cuda for p in chosen)
     set_fp8_min_tokens(eng.model, 0)
     rng = np.random.default_rng(1)
     batch = Batch.pack([rng.integers(5, 200, size=int(n)).astype(np.int32) for n in rng.integers(2, 60, size=16)])

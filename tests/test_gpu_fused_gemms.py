@@ -61,17 +61,17 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
     from bouquet.engine import fused_gemms
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.engine.models import decoder
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]  # full width, two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
     graphs = GraphOptions(debug=True)
-    plain = Engine(spec, "cuda", graphs=graphs, fused_gemms=False)
-    fused = Engine(spec, "cuda", graphs=graphs, fused_gemms=True)
-    assert fused.fused_gemms and not plain.fused_gemms
+    plain = Engine(spec, "cuda", graphs=graphs)
+    replan(plain, gate_up_act=False)
+    fused = Engine(spec, "cuda", graphs=graphs)
+    assert fused.plan.gate_up_act and not plain.plan.gate_up_act
     ran: list[bool] = []
     real = fused_gemms.gate_up_act
 
@@ -80,7 +80,7 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
         ran.append(out is not None)
         return out
 
-    monkeypatch.setattr(decoder, "gate_up_act", spy)
+    monkeypatch.setattr(fused_gemms, "gate_up_act", spy)
     rng = np.random.default_rng(0)
     # Qwen3 takes the kernel from 2,048 tokens, EmbeddingGemma (i = 1,152) gate/up from ~4,700 (MIN_WAVES)
     for lengths in ([512] * 4, [2048], [300, 700, 1100, 12], [512] * 16, [16] * 64 + [500] * 14):
@@ -136,20 +136,22 @@ def test_small_gate_up_act_equals_gemm_then_activation(T: int, h: int, i: int, a
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "bge-base", "minilm", "embeddinggemma-300m"])
 def test_engine_with_small_gemms_equals_engine_without_at_batch_1(tmp_path: Path, shape: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small steps (≤ 128 tokens) with Engine(small_gemms=True / False), eager, capture, replay."""
+    """Small steps (≤ 128 tokens) with the plan's small_gemms on / off, eager, capture, replay."""
     from bouquet.bench.models import SHAPES, make_model_dir
     from bouquet.engine import fused_gemms
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
-    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=False)
-    fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=True)
-    assert fused.small_gemms and not plain.small_gemms
+    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True))
+    replan(plain, small_gemms=False)
+    fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True))
+    replan(fused, small_gemms=True)
+    assert fused.plan.small_gemms and not plain.plan.small_gemms
     ran: set[bool] = set()  # gated or not, for each small GEMM that did run
     real = fused_gemms._small
 

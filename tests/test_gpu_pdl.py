@@ -63,18 +63,20 @@ def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantiz
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     if not pdl.supported(0):
         pytest.skip("no programmatic dependent launch on this GPU / CUDA / Triton")
     s = SHAPES[shape]  # full width, two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
-    # small_gemms named: both engines run the same kernels, only their launches differ
-    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True), small_gemms=True)
+    # small_gemms on in both: both engines run the same kernels, only their launches differ
+    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True))
     with _plain_launches(monkeypatch):
         plain = Engine(spec, "cuda", **opts)
+        replan(plain, small_gemms=True)
     with_pdl = Engine(spec, "cuda", **opts)
+    replan(with_pdl, small_gemms=True)
     rng = np.random.default_rng(0)
     for lengths in ([1], [7], [128], [200], [130, 60], [300], [512], [100, 28], [5] * 5, [512] * 8):
         batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _plans(T: int, N: int, K: int) -> list:
-    from bouquet.engine.splitk import SplitPlan, plan_for
+    from bouquet.engine.plan import SplitPlan, splitk_plan as plan_for
 
     props = torch.cuda.get_device_properties(0)
     extra = [SplitPlan(64, 32, 64, 4), SplitPlan(128, 128, 128, 2), SplitPlan(16, 64, 128, 2, stages=4)]
@@ -89,14 +89,16 @@ def test_engine_with_split_k_equals_cublas_engine_at_batch_1(tmp_path: Path, sha
     from bouquet.engine.batch import Batch
     from bouquet.engine.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]  # full width (the projections' real N and K), two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
     opts = dict(quantization=quantization, fp8_min_cosine=0.0)
-    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), split_k=False, **opts)
-    split = Engine(spec, "cuda", graphs=GraphOptions(debug=True), split_k=True, **opts)
+    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), **opts)
+    replan(plain, split_k=False)
+    split = Engine(spec, "cuda", graphs=GraphOptions(debug=True), **opts)
+    replan(split, split_k=True)
     ran = []
     real = splitk.splitk_linear
     monkeypatch.setattr(splitk, "splitk_linear", lambda *a, **k: ran.append(real(*a, **k)) or ran[-1])

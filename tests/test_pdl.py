@@ -46,12 +46,18 @@ def test_every_launch_site_names_a_known_kernel() -> None:
     assert names and names <= pdl.KERNELS, names - pdl.KERNELS
 
 
-@pytest.mark.parametrize("build,driver,capability", [("12.2", 13000, (9, 0)), ("13.0", 12020, (9, 0)),
-                                                     ("13.0", 13000, (8, 0)), ("13.0", 13000, (10, 0))])
-def test_pdl_needs_cuda_12_3_in_build_and_driver_and_a_hopper_gpu(monkeypatch: pytest.MonkeyPatch, build: str,
-                                                                  driver: int, capability: tuple[int, int]) -> None:
-    monkeypatch.setattr(torch.version, "cuda", build)
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch._C, "_cuda_getDriverVersion", lambda: driver, raising=False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
-    assert pdl.supported.__wrapped__(0) is False
+@pytest.mark.parametrize("cuda,driver,capability,hip,gdc", [((12, 2), (13, 0), (9, 0), False, True),
+                                                          ((13, 0), (12, 2), (9, 0), False, True),
+                                                          ((13, 0), (13, 0), (8, 0), False, True),
+                                                          ((13, 0), (13, 0), (10, 0), False, True),
+                                                          ((13, 0), (13, 0), (9, 0), True, True),
+                                                          ((13, 0), (13, 0), (9, 0), False, False)])
+def test_pdl_needs_cuda_12_3_in_build_and_driver_a_hopper_gpu_and_triton_gdc(
+        cuda: tuple[int, int], driver: tuple[int, int], capability: tuple[int, int], hip: bool, gdc: bool) -> None:
+    from dataclasses import replace
+
+    from bouquet.engine.plan import DeviceProfile
+
+    h200 = DeviceProfile.h200()
+    assert h200.pdl and replace(h200, driver=None).pdl  # an unknown driver: the build's version decides
+    assert not replace(h200, cuda=cuda, driver=driver, capability=capability, hip=hip, gdc=gdc).pdl

@@ -71,8 +71,7 @@ class EngineTarget(Target):
 
         self.spec = load_spec(str(model_dir))
         self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
-                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0,
-                             **(dict(split_k=False, fused_gemms=False, small_gemms=False) if cublas else {}))
+                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0, triton_gemms=not cublas)
         if fp8_rowwise:
             use_rowwise_scales(self.engine.model, 1024)
         self.engine.warmup()

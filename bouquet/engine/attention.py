@@ -69,6 +69,8 @@ import torch
 import torch.nn.functional as F
 
 from bouquet.engine.pdl import launch_options
+from bouquet.engine.plan import (CUDNN_SINGLE_HEAD_DIMS, CUDNN_SINGLE_MIN_TOKENS, SINGLE_MIN_SEQLEN, TRITON_ATTN_CONFIGS,
+                                 TRITON_SINGLE_CONFIGS, TRITON_UNIFORM_HEAD_DIMS, profile_of)
 
 log = logging.getLogger(__name__)
 
@@ -113,28 +115,6 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel per head dim: the tiles
-# with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
-# the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
-TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
-# One sequence of more than SINGLE_MIN_SEQLEN tokens alone (batch 1, one-sequence graph buckets):
-# 64-key blocks, the fastest tile for every model at 512 tokens in the same sweeps (Qwen3-0.6B heads
-# 0.0131 → 0.0112 ms, bge-base 0.0096 → 0.0081; calls 9 and 3) and in whole Qwen3-0.6B batch-1
-# replays (L512 1.690 → 1.642 ms, L2048 5.385 → 5.188), but not at 16 or 128 tokens (1.009 → 1.026,
-# 1.120 → 1.128: bench/results/h200-2026-12-01f call 5).
-SINGLE_MIN_SEQLEN = 128
-# ... but one causal sequence of more than CUDNN_SINGLE_MIN_TOKENS rows runs cuDNN: Qwen3-0.6B heads,
-# µs per layer Triton → cuDNN, 2,048 tokens 63.2 → 53.6, 4,096 194.3 → 151.6, 8,192 689 → 534; 1,000
-# 22.7 → 20.2 (kept on Triton: eager steps of 961–1,024 tokens would otherwise differ from their
-# 1,024-row graph bucket), 512 9.5 → 12.5 (bench/results/h200-2026-12-01f call 7).
-CUDNN_SINGLE_MIN_TOKENS = 1024
-CUDNN_SINGLE_HEAD_DIMS = (64, 128)
-TRITON_SINGLE_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
-                                                               128: (64, 64, 4, 3)}
-# Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
-# cuDNN in every case measured (100 × 268 tokens 0.080 vs 0.136 ms, 100 × 512 0.168 vs 0.198, 64 × 128
-# 0.013 vs 0.016; call 3); with 64 and 128 cuDNN wins at 100 × 512 and 64 × 128.
-TRITON_UNIFORM_HEAD_DIMS = (32,)
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -152,7 +132,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     from bouquet.engine import kernels
 
     T, H, D = q.shape
-    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and _hopper(q.device)  # static per bucket
+    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and profile_of(q.device).measured_hopper  # static per bucket
     bm, bn, warps, stages = config or (TRITON_SINGLE_CONFIGS if single else TRITON_ATTN_CONFIGS)[D]
     group = H // k.shape[1]
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
@@ -164,13 +144,6 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         GROUP=group, PACK=pack, CAUSAL=causal, D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages,
         **launch_options(q, "attention", grid[0] * grid[1] * grid[2]))
     return o
-
-
-@functools.lru_cache(maxsize=8)
-def _hopper(device: torch.device) -> bool:
-    """NVIDIA Hopper (compute capability 9.x), where TRITON_SINGLE_CONFIGS were measured and their
-    3-stage 64-key tiles fit (~112 KiB of shared memory at head dim 128; a T4 has 64)."""
-    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _windowed(window: int | None, meta: AttnMeta) -> bool:

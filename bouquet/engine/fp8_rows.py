@@ -41,7 +41,7 @@ class QRows:
 
 @dataclass
 class ScaledRows:
-    """An fp8 GEMM's output before its scales (quant.Projection with deferred scales): the true
+    """An fp8 GEMM's output before its scales (quant.Fp8Linear with deferred scales): the true
     value at row i, column j is ``raw[i, j] · row_scale[i] · col_scale[j] (+ bias[j])``, rounded to
     ``dtype`` as a GEMM writing the model dtype would round it.
 

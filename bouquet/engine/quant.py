@@ -12,12 +12,10 @@ The scheme (the "dynamic per-token activations, per-channel weights" FP8 recipe 
   ops.add_layer_norm, ``act_quant``), so no separate cast pass reads x again; only the attention
   output (written by FlashAttention / cuDNN) is quantized by a pass of its own (``quantize_rows``).
 - y = (xq · Wqᵀ) · s_x · s_w + bias. Where the kernel that reads y next can apply the scales (a
-  projection built with ``defer=True`` by a model that knows its consumer: add + norm, or the
-  gated activation), the GEMM runs with unit scales (``torch._scaled_mm`` with one scale per
+  ``linear.Linear`` whose ``readers`` are an add + norm or an activation kernel), the GEMM runs with unit scales (``torch._scaled_mm`` with one scale per
   tensor, cuBLASLt's fastest fp8 kernel at every size measured) and returns ``ScaledRows``; that
   consumer multiplies by s_x · s_w and adds the bias as it loads each element. Elsewhere one
-  ``_scaled_mm`` call applies row-wise scales and bias in its epilogue (CUTLASS on Hopper), slower
-  (bench/results/h200-2026-11-30e/call1-gemm.json) and, below ~1,024 tokens, slower than bf16.
+  ``_scaled_mm`` call applies row-wise scales and bias in its epilogue (CUTLASS on Hopper), slower.
   On the CPU both forms are fp32 products of the e4m3 values (``scaled_mm``), and the consumers
   ``materialize``.
 
@@ -29,9 +27,10 @@ attention output, MLP up/gate, MLP down: ~all weight bytes and FLOPs) run in fp8
 Rounding order follows the bf16 path: the kernels round to the model dtype where HF does (the
 normed row, the activation), then quantize that rounded value, as ``quantize_rows`` would.
 
-What this module does not own: when a forward pass uses fp8 (the layers ask
-``Projection.use_fp8(T)``; ``FP8_MIN_TOKENS`` in config.py: every step) or the load-time accuracy
-check (engine.py).
+Measurements behind the defaults: docs/decisions.md, "the kernel plan".
+
+What this module does not own: which form a layer's input comes in (``linear.Linear.reads_fp8``:
+from ``plan.FP8_MIN_TOKENS`` tokens, every step) or the load-time accuracy check (engine.py).
 """
 from __future__ import annotations
 
@@ -44,9 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
-from bouquet.engine import fused_gemms, splitk
 from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
-from bouquet.engine.fp8_rows import FP8, FP8_MAX, PartialRows, QRows, ScaledRows, TINY
+from bouquet.engine.fp8_rows import FP8, FP8_MAX, QRows, ScaledRows, TINY
+from bouquet.engine.linear import Linear, LinearMethod, linears
+from bouquet.engine.plan import DeviceProfile, profile_of
 
 
 @dataclass
@@ -65,74 +65,48 @@ class Fp8Weight:
         return cls((wf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).contiguous(), scale.t().contiguous())
 
 
-class Projection:
-    """One linear layer as the engine runs it: ``weight`` [N, K] and ``bias`` [N] | None in the
-    model dtype, plus an ``Fp8Weight`` once ``quantize`` ran. Called with model-dtype rows it is
-    ``F.linear``; called with ``QRows`` it is the fp8 GEMM. Output [T, N] in the model dtype.
+class Fp8Linear(LinearMethod):
+    """fp8 GEMMs for a ``linear.Linear`` fed QRows: built from the layer's weight at load
+    (``stored``: e4m3 rows [N, K] and scales [N] a checkpoint already holds, used as they are).
+    Deferred scales (a GEMM with unit scales returning ScaledRows) where every reader of the
+    layer's output applies them (``readers`` "norm" or "act") and the model is bf16 or fp32 (an fp16
+    GEMM output with unit scales could overflow fp16's range); else one row-wise scaled GEMM with the
+    bias in its epilogue. The layer's activation (if any) follows (``Linear.activate``)."""
 
-    ``defer``: every reader of this projection's output accepts ``ScaledRows`` (the model says so
-    when it builds the projection), so in fp8 it returns them instead of applying the scales.
-    ``split_k``: every reader is an add + norm kernel, which also accepts ``PartialRows``, so a
-    small model-dtype batch runs the split-K GEMM (splitk.py) where it has a plan. ``small_gemm``
-    (set by the engine): small model-dtype steps run ``fused_gemms.small_linear`` instead of cuBLAS.
+    name = "fp8"
 
-    Not an nn.Module: the parameters stay registered (by their Hugging Face names) on the modules
-    they came from; this holds views of them."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str, defer: bool = False,
-                 split_k: bool = False) -> None:
-        self.weight, self.bias = weight, bias
-        self.kind = kind  # one of KINDS: which matmul of the layer this is
-        self.defer = defer
-        self.split_k = split_k  # the engine turns it off for all (Engine(split_k=False))
-        self.small_gemm = False  # the engine's choice (qkv, Engine(small_gemms=...)): small steps' Triton GEMM
-        self.fp8: Fp8Weight | None = None
-        self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
-        self.fp8_min_tokens: int | None = None
+    def __init__(self, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+        self.stored = stored  # dropped once the weights are built
+        self.from_checkpoint = stored is not None  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
+        self.weight: Fp8Weight | None = None
         self._one: torch.Tensor | None = None  # [] float32 1.0 on the device: the unit scale, when deferred
-
-    @classmethod
-    def of(cls, linear: nn.Linear, kind: str, defer: bool = False, split_k: bool = False) -> "Projection":
-        return cls(linear.weight, linear.bias, kind, defer, split_k)
 
     @property
     def deferred(self) -> bool:
-        """Whether fp8 calls return ScaledRows: ``defer`` and a bf16 or fp32 model (an fp16 GEMM
-        output with unit scales could overflow fp16's range)."""
         return self._one is not None
 
-    def quantize(self, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
-        """Build the fp8 weights (``stored``: e4m3 rows [N, K] and scales [N] a checkpoint already
-        holds, used as they are; else quantized from the weight); forward passes of at least
-        ``min_tokens`` tokens use them."""
-        self.fp8 = Fp8Weight.quantize(self.weight) if stored is None else Fp8Weight(stored[0], stored[1][None, :])
-        self.fp8_stored = stored is not None
-        if self.defer and self.weight.dtype in (torch.bfloat16, torch.float32):
-            self._one = torch.ones((), dtype=torch.float32, device=self.weight.device)
-        self.fp8_min_tokens = min_tokens
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        s = self.stored
+        self.weight = Fp8Weight.quantize(layer.weight) if s is None else Fp8Weight(s[0], s[1][None, :])
+        self.stored = None
+        if layer.readers != "any" and layer.weight.dtype in (torch.bfloat16, torch.float32):
+            self._one = torch.ones((), dtype=torch.float32, device=layer.weight.device)
 
-    def use_fp8(self, tokens: int) -> bool:
-        """Whether a forward pass of ``tokens`` (static per CUDA-graph bucket) runs this in fp8."""
-        return self.fp8_min_tokens is not None and tokens >= self.fp8_min_tokens
+    def apply(self, layer: Linear, x: "torch.Tensor | QRows", quantize_out: bool = False
+              ) -> "torch.Tensor | QRows | ScaledRows":
+        assert isinstance(x, QRows) and self.weight is not None
+        out_dtype = layer.weight.dtype
+        w = self.weight
+        if self._one is not None:  # unit scales: the consumer applies x.scale · w.scale and the bias
+            raw = scaled_mm(x.values, w.weight.t(), self._one, self._one, None, out_dtype)
+            y: "torch.Tensor | ScaledRows" = ScaledRows(raw, x.scale, w.scale, layer.bias, out_dtype)
+        else:  # _scaled_mm's row-wise mode wants bf16 output on CUDA; fp32 models (CPU) get fp32
+            y = scaled_mm(x.values, w.weight.t(), x.scale, w.scale, layer.bias, out_dtype)
+        return layer.activate(y, quantize_out)
 
-    def __call__(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows | PartialRows":
-        if not isinstance(x, QRows):
-            if self.split_k and x.shape[0] <= splitk.MAX_TOKENS and splitk.usable(x):
-                parts = splitk.splitk_linear(x, self.weight, self.bias)
-                if parts is not None:
-                    return parts
-            if self.small_gemm:
-                y = fused_gemms.small_linear(x, self.weight, self.bias)  # None above its token limit
-                if y is not None:
-                    return y
-            return F.linear(x, self.weight, self.bias)
-        assert self.fp8 is not None, "fp8 activations reached a layer without fp8 weights"
-        out_dtype = self.weight.dtype
-        if self._one is not None:  # unit scales: the consumer applies x.scale · fp8.scale and the bias
-            raw = scaled_mm(x.values, self.fp8.weight.t(), self._one, self._one, None, out_dtype)
-            return ScaledRows(raw, x.scale, self.fp8.scale, self.bias, out_dtype)
-        # _scaled_mm's row-wise mode wants bf16 output on CUDA; fp32 models (CPU) get fp32
-        return scaled_mm(x.values, self.fp8.weight.t(), x.scale, self.fp8.scale, self.bias, out_dtype)
+    def describe(self, layer: Linear, tokens: int, profile: DeviceProfile) -> str:
+        how = "deferred scales" if layer.readers != "any" and layer.weight.dtype != torch.float16 else "row-wise scales"
+        return ("fp8 (fp32 emulation)" if profile.kind == "cpu" else "fp8 _scaled_mm") + f", {how}"
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -149,13 +123,17 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
-def projections(model: nn.Module, defaults_only: bool = False) -> Iterable[Projection]:
-    """Every Projection the model's layers hold (modules with a ``projections()`` method); with
-    ``defaults_only`` the kinds each layer class runs in fp8 by default (its ``FP8_KINDS``)."""
+def fp8_linears(model: nn.Module) -> list[Linear]:
+    """The Linears of ``model`` that run in fp8 (after ``enable_fp8``)."""
+    return [p for p in linears(model) if p.fp8_method is not None]
+
+
+def _default_kinds(model: nn.Module) -> Iterable[Linear]:
+    """Each layer class's fp8 projections by default (its ``FP8_KINDS``)."""
     for m in model.modules():
-        fn = getattr(m, "projections", None)
+        fn = getattr(m, "linears", None)
         if callable(fn):
-            yield from (p for p in fn() if not defaults_only or p.kind in m.FP8_KINDS)
+            yield from (p for p in fn() if p.kind in m.FP8_KINDS)
 
 
 KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output, MLP in (gate + up), MLP out
@@ -163,7 +141,7 @@ KINDS = ("qkv", "o", "up", "down")  # a layer's matmuls: q/k/v, attention output
 
 def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: tuple[str, ...] | None = None,
                stored: "StoredFp8 | None" = None) -> int:
-    """Quantize the Projections of ``model`` (after ``fuse``) whose kind is in ``kinds`` (None: each
+    """Quantize the Linears of ``model`` (after ``fuse``) whose kind is in ``kinds`` (None: each
     layer class's ``FP8_KINDS``); steps of ``min_tokens`` tokens or more then run them in fp8.
     ``stored``: the e4m3 rows of a checkpoint stored in fp8 (fp8_checkpoint.py); a projection whose
     every part is there uses them as they are. Returns how many were quantized.
@@ -172,38 +150,36 @@ def enable_fp8(model: nn.Module, device: torch.device, min_tokens: int, kinds: t
     matmul's sizes are not multiples of 16 (``_scaled_mm``'s rule), or on a CUDA device without
     fp8 tensor cores (compute capability below 8.9: Ada, Hopper and later have them). On the CPU
     the same numbers come from fp32 products of the e4m3 values (``scaled_mm``), without any speed-up."""
-    projs = list(projections(model))
+    projs = list(linears(model))
     if not projs:
         raise ValueError(f"--quantization fp8 is not supported for {type(model).__name__}: "
-                         "only the BERT-family encoders and the decoders have an fp8 path")
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        name = torch.cuda.get_device_name(device)
-        raise ValueError(f"--quantization fp8 needs fp8 tensor cores (compute capability 8.9+); {name} has "
-                         f"{torch.cuda.get_device_capability(device)}")
+                         "it has no engine linear layers")
+    profile = profile_of(device)
+    if not profile.fp8_tensor_cores:
+        raise ValueError(f"--quantization fp8 needs fp8 tensor cores (compute capability 8.9+); {profile.name} has "
+                         f"{profile.capability}")
     for p in projs:
         n, k = p.weight.shape
         if n % 16 or k % 16:
             raise ValueError(f"--quantization fp8: a [{n}, {k}] weight is not a multiple of 16 in both sizes")
-    chosen = list(projections(model, defaults_only=True)) if kinds is None else [p for p in projs if p.kind in kinds]
+    chosen = list(_default_kinds(model)) if kinds is None else [p for p in projs if p.kind in kinds]
     for p in chosen:
-        p.quantize(min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None)
+        quantize_linear(p, min_tokens, stored_rows_for(model, p.weight, stored) if stored is not None else None)
     return len(chosen)
 
 
+def quantize_linear(layer: Linear, min_tokens: int, stored: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+    """Give ``layer`` its fp8 method (``Fp8Linear(stored)``); steps of ``min_tokens`` tokens or more feed it fp8 rows."""
+    layer.fp8_method = Fp8Linear(stored)
+    layer.fp8_method.process_weights_after_loading(layer)
+    layer.fp8_min_tokens = min_tokens
+
+
 def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None, kinds: tuple[str, ...] = KINDS) -> None:
-    """Move the fp8 threshold of the quantized Projections of these kinds (None: never fp8); for
+    """Move the fp8 threshold of the quantized Linears of these kinds (None: never fp8); for
     the load check and the probes."""
-    for p in projections(model):
-        if p.fp8 is not None and p.kind in kinds:
-            p.fp8_min_tokens = min_tokens
-
-
-def use_rowwise_scales(model: nn.Module, min_tokens: int) -> None:
-    """Run every quantized Projection as before deferred scales: row-wise scaled GEMMs, from
-    ``min_tokens`` tokens on. For benchmarks (``engine-fp8-rowwise``: the baseline beside the default)."""
-    for p in projections(model):
-        if p.fp8 is not None:
-            p._one = None
+    for p in fp8_linears(model):
+        if p.kind in kinds:
             p.fp8_min_tokens = min_tokens
 
 

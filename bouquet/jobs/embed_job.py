@@ -156,7 +156,7 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
     dev = resolve_device(device)
     budget = batch_token_budget(max_batch_tokens, dev.type, spec.max_seq_length)
     return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs),
-                  quantization=quantization, **({} if triton_gemms else dict(split_k=False, fused_gemms=False, small_gemms=False)))
+                  quantization=quantization, triton_gemms=triton_gemms)
 
 
 class _Producer(threading.Thread):

@@ -120,8 +120,7 @@ def build_engine(cfg: ServeConfig, spec: ModelSpec, device: str | None) -> "Step
     # Without --allow-pickle the engine reads safetensors itself; with it the checkpoint may be pickled.
     state = load_weights(spec.path, allow_pickle=True) if cfg.allow_pickle else None
     return Engine(spec, device or cfg.device, cfg.dtype, state=state, graphs=GraphOptions.from_config(cfg),
-                  spin_wait=cfg.spin_wait, quantization=cfg.quantization,
-                  **({} if cfg.triton_gemms else dict(split_k=False, fused_gemms=False, small_gemms=False)))
+                  spin_wait=cfg.spin_wait, quantization=cfg.quantization, triton_gemms=cfg.triton_gemms)
 
 
 def main(argv: list[str] | None = None) -> None:
