@@ -171,9 +171,6 @@ class ServeConfig:
     # core per replica while batches run (bench/results/h200-2026-11-30/).
     spin_wait: bool = True
     graph_max_tokens: int = GRAPH_MAX_TOKENS
-    # Each bucket's CUDA graph cut into segments at layer boundaries, so the GPU starts after the
-    # first segment's launch (engine/graphs.py, bench/results/h200-2026-12-01g); False = one graph
-    graph_segments: bool = True
     # The engine's Triton GEMMs where measured faster on Hopper (split-K for steps of ≤ 256 tokens,
     # qkv / MLP-in for ≤ 128, gate/up with the activation from 2,048: bench/results/h200-2026-12-01e,
     # -01h, -12-02);

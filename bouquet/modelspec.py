@@ -10,7 +10,6 @@ read from its row in ``bouquet/engine/families.py``.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -275,9 +274,3 @@ def spec_from_config(
         token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
         include_prompt=st.include_prompt,
     )
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    """Read a boolean environment variable (used by the CLI only, never at import time)."""
-    v = os.environ.get(name)
-    return default if v is None else v.strip().lower() in ("1", "true", "yes", "on")

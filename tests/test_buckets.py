@@ -184,15 +184,13 @@ def test_graph_options_on_the_command_line_are_checked(args: list[str], message:
 def test_graph_options_travel_to_the_replica_config() -> None:
     from bouquet.config import ServeConfig
 
-    cfg = ServeConfig(graph_max_tokens=16384, capture_buckets=("3:100:50",), bucket_stats_path="/tmp/hist.json",
-                      graph_segments=False).validate()
+    cfg = ServeConfig(graph_max_tokens=16384, capture_buckets=("3:100:50",), bucket_stats_path="/tmp/hist.json").validate()
     again = ServeConfig.from_json(cfg.to_json())  # what the replica process receives
     assert again == cfg and again.capture_buckets == ("3:100:50",)
     from bouquet.engine.engine import GraphOptions
 
     opts = GraphOptions.from_config(again)
     assert (opts.max_tokens, opts.capture, opts.stats_path) == (16384, ("3:100:50",), "/tmp/hist.json")
-    assert opts.segments is False and GraphOptions.from_config(ServeConfig()).segments is True
     assert Bucket.parse(opts.capture[0]) == Bucket(4, 128, 64)
 
 

@@ -24,8 +24,14 @@ def replan(engine: object, **features: bool) -> None:
     assign_methods(engine.model, engine.plan)  # type: ignore[attr-defined]
 
 
+def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
+    """What ``ops.add_layer_norm`` computes, in fp32 PyTorch."""
+    return torch.nn.functional.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(),
+                                          ln.bias.float(), ln.eps)
+
+
 def test_add_layer_norm_matches_pytorch() -> None:
-    from bouquet.engine.ops import add_layer_norm, layer_norm_reference
+    from bouquet.engine.ops import add_layer_norm
 
     ln = torch.nn.LayerNorm(768, eps=1e-12, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(ln.weight)

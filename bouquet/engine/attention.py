@@ -33,7 +33,7 @@ where long sequences make attention a large share.
 
 - ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and the CUDA-graph
   buckets that are not uniform) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
-  head dims 32, 64 and 128; other head dims, sliding windows and ``varlen-flash`` run
+  head dims 32, 64 and 128; other head dims, sliding windows and a build without Triton run
   ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–2.1×
   FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
   bench/results/h200-2026-12-01/README.md: Qwen3-0.6B heads, 100 sequences of 16–512 tokens,
@@ -153,7 +153,7 @@ def _windowed(window: int | None, meta: AttnMeta) -> bool:
 
 class VarlenBackend(AttentionBackend):
     """``ragged``: the kernel for batches of unequal lengths, "triton" (``triton_varlen``) or
-    "flash" (FlashAttention-2 varlen, the backend named ``varlen-flash``)."""
+    "flash" (FlashAttention-2 varlen: where Triton is missing, reported as ``varlen-flash``)."""
 
     def __init__(self, ragged: str = "triton") -> None:
         from torch.nn.attention.varlen import varlen_attn
@@ -298,23 +298,23 @@ def band_mask(length: int, window: int, causal: bool, device: torch.device) -> t
 
 def select_backend(device: torch.device, dtype: torch.dtype, override: str | None = None) -> AttentionBackend:
     """Pick the attention backend once: varlen on CUDA with fp16/bf16 (its ragged batches on the
-    Triton kernel when Triton imports, else on FlashAttention-2, i.e. ``varlen-flash``),
+    Triton kernel when Triton imports, else on FlashAttention-2, reported as ``varlen-flash``),
     length-grouped SDPA otherwise.
 
     Raises ValueError for an unknown override or varlen on a device/dtype it cannot run.
     """
     name = override or ("varlen" if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) else "sdpa_grouped")
-    if name in ("varlen", "varlen-flash"):
+    if name == "varlen":
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"varlen attention needs CUDA and fp16/bf16, got {device} {dtype}")
         from bouquet.engine.ops import triton_kernels
 
-        triton = name == "varlen" and triton_kernels() is not None
+        triton = triton_kernels() is not None
         backend: AttentionBackend = VarlenBackend("triton" if triton else "flash")
     elif name == "sdpa_grouped":
         backend = SdpaGroupedBackend()
     else:
-        raise ValueError(f"unknown attention backend {name!r}; choose varlen, varlen-flash or sdpa_grouped")
+        raise ValueError(f"unknown attention backend {name!r}; choose varlen or sdpa_grouped")
     detail = ""
     if isinstance(backend, VarlenBackend):
         detail = (f"; unequal lengths: {'Triton kernel' if backend.ragged == 'triton' else 'FlashAttention-2'}, "

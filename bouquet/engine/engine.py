@@ -89,7 +89,7 @@ class PendingResult:
 @dataclass(frozen=True)
 class GraphOptions:
     """CUDA-graph settings (ServeConfig's ``enforce_eager``, ``graph_max_tokens``,
-    ``capture_buckets``, ``bucket_stats_path``, ``graph_segments``). Ignored on the CPU."""
+    ``capture_buckets``, ``bucket_stats_path``). Ignored on the CPU."""
 
     enabled: bool = True
     max_tokens: int = GRAPH_MAX_TOKENS  # batches whose bucket has more tokens run eagerly
@@ -97,12 +97,11 @@ class GraphOptions:
     capture: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
     stats_path: str | None = None  # bucket-hit histogram: read at start, written at shutdown
     debug: bool = False  # assert static buffers never move
-    segments: bool = True  # each capture cut at layer boundaries (graphs.py: the GPU starts sooner at batch 1)
 
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> "GraphOptions":
         return cls(enabled=not cfg.enforce_eager, max_tokens=cfg.graph_max_tokens, max_seqs=cfg.max_batch_seqs,
-                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path, segments=cfg.graph_segments)
+                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path)
 
 
 class Engine:
@@ -179,7 +178,7 @@ class Engine:
             o = self.graph_options
             self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
                                        self.use_types, debug=o.debug,
-                                       blocks=model.blocks() if o.segments else ())
+                                       blocks=model.blocks())
         self.quantization = quantization
         if quantization == "fp8":
             self._enable_fp8(fp8_min_cosine)

@@ -19,7 +19,7 @@ memcpy node), their launch takes ~30 /
 70–170 µs of host time, and segments take batch-1 steps from 1.533 to 1.435 ms (Qwen3-0.6B, 128
 tokens) and 0.535 to 0.521 (bge-base) while each replay's GPU time grows by 0.004–0.011 ms. (12-01b
 had reverted them on bench figures from separate processes, whose batch-1 p50s differ by up to
-0.25 ms.) ``GraphOptions.segments`` False captures one graph per bucket.
+0.25 ms.)
 
 Input layout. All integer inputs of a batch travel as ONE int32 array, so an H2D transfer is one
 copy from pinned memory. For a bucket of ``T`` tokens and ``S`` slots::

@@ -186,11 +186,6 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
     return out, s
 
 
-def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
-    """What ``add_layer_norm`` computes, in fp32 PyTorch (for tests)."""
-    return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
-
-
 def add_rms_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.Tensor | None, norm: RMSNorm,
                  fp8: bool = False) -> "tuple[torch.Tensor | QRows, torch.Tensor]":
     """Pre-norm step of a decoder layer: s = x + residual (or x when residual is None), then
