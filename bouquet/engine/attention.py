@@ -4,60 +4,33 @@ Models call ``backend.attend(q, k, v, meta)`` with q ``[T, H, D]`` and k/v ``[T,
 (grouped-query attention when Hkv < H) and get ``[T, H, D]`` back. ``meta`` is built once per
 forward pass by ``backend.prepare`` and shared by every layer.
 
-Sliding-window layers (ModernBERT's local layers) pass ``window=W``: query i of a sequence sees
-key j of the same sequence only when |i − j| ≤ W (and j ≤ i when causal), the band of
-transformers' ``sliding_window_bidirectional_overlay`` (W = ``local_attention // 2``). A window
-at least ``max_seqlen − 1`` wide hides nothing, so it runs as full attention. Cost: on CUDA
-varlen passes W to FlashAttention-2 (``window_size=(W, W)``), which skips the key blocks outside
-the band (~T·(2W+1) scores instead of Σ L²); the window is a host int, so graphs stay valid.
-Measured on the H200 for W = 64, 12 heads × 64 (bench/results/h200-2026-11-30-modernbert/):
-1 × 8,192 tokens 0.10 ms vs 0.66 ms unwindowed (cuDNN, which takes no window, 0.43 ms), 8 × 2,048
-0.15 vs 0.36 (0.22) ms, but 32 × 512 0.16 vs 0.11 (0.07) ms: below ~1k tokens per sequence the
-banded kernel is slower than full attention, and the band is paid for exactness, not speed. On
-the CPU each length group runs SDPA with a boolean band mask [L, L] (cached per length): all L²
-scores are still computed, so a windowed layer costs what a global one does.
+Sliding-window layers (ModernBERT's local layers, Gemma3's sliding ones) pass ``window=W``: query
+i of a sequence sees key j of the same sequence only when |i − j| ≤ W (and j ≤ i when causal), the
+band of transformers' ``sliding_window_bidirectional_overlay``. A window at least ``max_seqlen − 1``
+wide hides nothing, so it runs as full attention. On CUDA FlashAttention-2 varlen skips the key
+blocks outside the band (the window is a host int: graphs stay valid); on the CPU each length group
+runs SDPA with a boolean band mask (cached per length), so a windowed layer costs what a global one does.
 
-Layers with an additive score bias (MPNet's relative position bias) pass ``bias`` [H, L, L] in
-the model dtype, L ≥ every sequence's length: query i and key j of a sequence (positions inside
-it) get ``bias[h, i, j]`` added to their scaled score; bidirectional only. On the CPU each length
-group slices it as its SDPA float mask (exact, no extra work). On CUDA, FlashAttention-2 takes no
-bias, so these layers run PyTorch's memory-efficient (CUTLASS, xformers) kernel in its varlen form
-(``aten._efficient_attention_forward`` with ``cu_seqlens``): it reads the bias at in-sequence
-(query, key) offsets through its strides, so one [H, L, L] table serves every sequence, no
-padding and no [T, T] mask; graph-safe (host ints only). Cost on the H200 (bf16, 12 heads × 64;
-bench/results/h200-2026-11-30-mpnet/): per call 0.055 ms vs FlashAttention-2's 0.120 at 64 × 128
-tokens, 0.166 vs 0.117 at 16 × 512, 0.267 vs 0.128 for 64 mixed 16–512; a whole mpnet-base step
-vs bge-base's (same shape; bge takes cuDNN on equal lengths) 0.82 vs 0.83 ms at 1 × 128, 3.74 vs
-3.49 at 64 × 128, 5.09 vs 3.87 at 16 × 512, 9.27 vs 7.88 ms for the 64 mixed: up to ~30% slower
-where long sequences make attention a large share.
+Layers with an additive score bias (MPNet's relative position bias) pass ``bias`` [H, L, L] in the
+model dtype, L ≥ every sequence's length, bidirectional only: on the CPU each length group slices it
+as its SDPA float mask; on CUDA (FlashAttention-2 takes no bias) the memory-efficient kernel's varlen
+form reads it at in-sequence offsets through its strides (``_biased_varlen``).
 
-- ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and the CUDA-graph
-  buckets that are not uniform) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
-  head dims 32, 64 and 128; other head dims, sliding windows and a build without Triton run
-  ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–2.1×
-  FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
-  bench/results/h200-2026-12-01/README.md: Qwen3-0.6B heads, 100 sequences of 16–512 tokens,
-  0.190 vs 0.403 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
-  0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
-  Equal lengths keep cuDNN (Qwen3 heads 100 × 512: cuDNN 0.273 ms, Triton 0.424) except for one
-  sequence alone and for head dim 32 (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is
-  faster — but a causal sequence alone of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows runs cuDNN
-  (head dims 64 and 128; below).
-  ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
-  is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
-  (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
-  cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy), which is
-  faster there (bench/results/h200-2026-11-29-run2-probe.json: attn_cudnn_ms vs attn_varlen_ms).
-  A causal model's one sequence of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows takes the same path
-  with L = all the rows, a single-slot graph bucket's padding included: the padding rows sit after
-  the one real sequence, and causal attention never lets a real row see a later one, so real rows
-  are exact (padding rows are discarded by pooling) as long as the padding rows hold finite values:
-  not for models whose layers mix windowed and global attention (``AttnMeta.whole_rows``).
-- ``sdpa_grouped``: for the CPU (and fp32 on CUDA). Dense layers stay packed; attention groups
-  the sequences by exact length and runs one unmasked SDPA call per group on ``[n, H, len, D]``
-  gathered rows: no padding and no mask, so no wasted work (less than one padded, masked call
-  does for mixed lengths); a batch of equal lengths (or one sequence) is a single call with no
-  gather.
+- ``varlen``: CUDA, fp16/bf16. Ragged batches run ``triton_varlen`` (``kernels.varlen_attn_kernel``)
+  for the head dims of ``plan.TRITON_ATTN_CONFIGS``; other head dims, sliding windows and a build
+  without Triton run FlashAttention-2 varlen (``torch.nn.attention.varlen.varlen_attn``). Batches of
+  equal lengths (``prepare(..., uniform=True)``) run cuDNN through SDPA on the packed tensor viewed
+  as ``[B, L, H, D]`` (no padding, no copy), except one sequence alone and the head dims of
+  ``plan.TRITON_UNIFORM_HEAD_DIMS`` (Triton). A causal sequence alone of more than
+  ``plan.CUDNN_SINGLE_MIN_TOKENS`` rows runs cuDNN over all the rows, a graph bucket's padding
+  included: the padding rows come after the real ones, which causal attention never lets see them,
+  as long as they hold finite values (not for models mixing windowed and global layers:
+  ``AttnMeta.whole_rows``). ``max_seqlen`` is a host int that sizes the grid; under CUDA graphs the
+  bucket's bound (loose is correct, only slower).
+- ``sdpa_grouped``: for the CPU (and fp32 on CUDA): the sequences grouped by exact length, one
+  unmasked SDPA call per group on ``[n, H, len, D]`` gathered rows: no padding, no mask.
+
+Thresholds and tiles: plan.py; measurements: docs/decisions.md, "the kernel plan".
 """
 from __future__ import annotations
 
@@ -176,9 +149,8 @@ class VarlenBackend(AttentionBackend):
             return _biased_varlen(q, k, v, meta, bias)
         w = window if _windowed(window, meta) else -1
         # Equal lengths: cuDNN (it takes no window: banded layers stay on FlashAttention-2); but one
-        # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
-        # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
-        # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree;
+        # sequence alone runs the Triton kernel, as fast or faster, and a graph bucket's single
+        # sequence takes it too, so eager and replayed steps of one sequence agree;
         # above CUDNN_SINGLE_MIN_TOKENS rows a causal one runs cuDNN again (eager and graph alike).
         triton = w < 0 and self.triton_takes(q.shape[2]) and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
         if (triton and meta.causal and meta.whole_rows and meta.cu_seqlens.shape[0] == 2
@@ -209,7 +181,6 @@ class VarlenBackend(AttentionBackend):
         T, H, D = q.shape
         qp, kp, vp = (x.view(T // L, L, x.shape[1], D).transpose(1, 2) for x in (q, k, v))  # [B, heads, L, D]
         # enable_gqa: cuDNN reads the shared K/V heads itself, faster than repeating K/V first
-        # (bench/results/h200-2026-11-30/README.md, the Qwen3-0.6B attention profile).
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
             out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=k.shape[1] != H)
         return out.transpose(1, 2).reshape(T, H, D)

@@ -247,7 +247,7 @@ class Engine:
                 and not self.attn.triton_takes(self.head_dim) and not self.mixed_windows:
             # one causal sequence + trailing padding: cuDNN over the whole bucket is exact and beats
             # FlashAttention-2 (head dims the Triton kernel does not take; for those it takes,
-            # attention.VarlenBackend decides by length; bench/results/h200-2026-12-01, calls 3 and 9)
+            # attention.VarlenBackend decides by length)
             uniform, max_seqlen = True, ids.shape[0]
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform, whole_rows=not self.mixed_windows)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
@@ -284,8 +284,7 @@ class Engine:
 
     def replays(self, batch: Batch) -> bool:
         """True when ``step(batch)`` replays an already captured CUDA graph: a small, bounded host
-        cost (pack, one H2D copy, replay, D2H copy, event; ``b1_*_step_return_ms`` in
-        bench/results/h200-2026-11-29-run2-probe.json), cheap enough for the server to call on its
+        cost (pack, one H2D copy, replay, D2H copy, event), cheap enough for the server to call on its
         event loop. False on the CPU, with graphs off, and for eager or not yet captured buckets."""
         if self.graphs is None:
             return False

@@ -1,7 +1,7 @@
 """Fused device kernels used by the models, each with a plain-PyTorch fallback.
 
 - ``add_layer_norm(x, residual, ln)``: LayerNorm(x + residual) in one pass (BERT, XLM-R); the
-  H200 timings against eager add + LayerNorm are in bench/results/*run2-probe.json.
+  one pass instead of an add and a LayerNorm pass.
 - ``add_layer_norm_pre(x, residual, ln)``: the same for a pre-norm encoder (ModernBERT, LayerNorm
   without bias): returns the normed rows and the new residual stream, like ``add_rms_norm``.
 - ``add_rms_norm(x, residual, norm)``: the pre-norm decoder's "residual add, then RMSNorm" in one
@@ -28,8 +28,7 @@ applies them as it loads each element (``materialize`` is the same in PyTorch). 
 and ``add_layer_norm`` also take ``PartialRows`` (a split-K GEMM's parts, splitk.py) and add them up.
 
 Why: unfused, a Qwen3 forward pass at batch 1 is mostly small elementwise kernels (fp32 RMSNorm,
-rotary and the SiLU gate as separate passes; counted in bench/results/h200-2026-11-29-final/
-README.md), so the replay time is mostly their launch latency, and at large batches each is a
+rotary and the SiLU gate as separate passes), so the replay time is mostly their launch latency, and at large batches each is a
 full memory pass over [T, hidden] in fp32.
 
 Precision follows Hugging Face's modules (``Qwen3RMSNorm``, ``apply_rotary_pos_emb``, ``BertLayer``):

@@ -40,7 +40,7 @@ KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope"
                      "small_gated"})
 # Kernels that always take PDL: the add + norm kernels reading split-K parts (after the split-K
 # GEMM) and the split-K GEMM itself — in decoders after our attention or gated activation; in
-# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4);
+# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained;
 # and the small steps' qkv / MLP-in GEMMs (fused_gemms.small_linear; small_gated: the gated MLP's
 # gate/up, small_gate_up_act), which follow an add + norm.
 FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm", "small_gated"})
