@@ -158,7 +158,7 @@ def main() -> None:
     import torch
 
     from bench.embed_gpu import engine_rows_per_s
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
 
     engine = Engine(spec, a.device)
     engine.warmup()

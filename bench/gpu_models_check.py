@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bouquet.engine.batch import Batch  # noqa: E402
-from bouquet.engine.engine import Engine  # noqa: E402
+from bouquet.engine.runtime.batch import Batch  # noqa: E402
+from bouquet.engine.runtime.engine import Engine  # noqa: E402
 from bouquet.modelspec import spec_from_config  # noqa: E402
 
 COSINE_MIN = 0.999

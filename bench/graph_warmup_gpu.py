@@ -34,7 +34,7 @@ def percentile(xs: list[float], q: float) -> float:
 def warmup_latency(engine, lengths: list[int], warm: int, steady: int) -> dict:  # type: ignore[no-untyped-def]
     """Batch-1 requests cycling through ``lengths``: the first ``warm`` see each bucket eager once and
     captured once, the next ``steady`` are replays. Overall and per-length figures, ms."""
-    from bouquet.engine.batch import Batch
+    from bouquet.engine.runtime.batch import Batch
 
     rng = np.random.default_rng(0)
     lat: list[tuple[int, float]] = []
@@ -60,7 +60,7 @@ def warmup_latency(engine, lengths: list[int], warm: int, steady: int) -> dict: 
 
 
 def all_buckets(max_tokens: int, max_len: int, max_seqs: int) -> list:  # type: ignore[type-arg]
-    from bouquet.engine.buckets import Bucket, round_max_seqlen
+    from bouquet.engine.runtime.buckets import Bucket, round_max_seqlen
 
     tokens = list(range(64, 1025, 64)) + list(range(1280, max_tokens + 1, 256))
     out = []
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--steady", type=int, default=700)
     a = ap.parse_args()
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
 
     spec = load_spec(str(make_model_dir(SHAPES[a.shape], Path(a.models_root), Path(a.tokenizer) if a.tokenizer else None)))

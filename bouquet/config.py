@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bouquet.engine.buckets import Bucket  # bucket arithmetic only: no torch
+from bouquet.engine.runtime.buckets import Bucket  # bucket arithmetic only: no torch
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
@@ -106,7 +106,7 @@ class ServeConfig:
     grpc_port: int = 0  # 0 = pick a free port
     device: Device = "auto"
     dtype: DType = "auto"
-    # "fp8": the layers' matmuls in e4m3 (engine/quant.py) on every step (FP8_MIN_TOKENS)
+    # "fp8": the layers' matmuls in e4m3 (engine/linear/fp8.py) on every step (FP8_MIN_TOKENS)
     quantization: Quantization = "none"
     max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
@@ -162,7 +162,7 @@ class ServeConfig:
     # Browser origins allowed to call the API (CORS, gateway/app.py); empty = no CORS headers at all.
     cors_allow_origins: tuple[str, ...] = ()
     truncate: bool = True  # default for requests that do not say
-    # "noop": a benchmarking aid that runs no model and answers zero vectors (engine/noop.py)
+    # "noop": a benchmarking aid that runs no model and answers zero vectors (engine/runtime/noop.py)
     engine: EngineKind = "torch"
     # Engine fast path (GPU)
     enforce_eager: bool = False

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.fp8_rows import FP8_MAX, QRows, quantize_reference
+from bouquet.engine.kernels.rows import FP8_MAX, QRows, quantize_reference
 from tests.helpers import REPO, BouquetProcess, cosine_rows, read_sts
 
 
@@ -34,21 +34,21 @@ def test_quantization_rule_is_per_row_amax_over_448() -> None:
 
 
 def _engine(model_dir: Path, quantization: str = "none", **kw: object):  # type: ignore[no-untyped-def]
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
     from bouquet.modelspec import load_spec
 
     return Engine(load_spec(str(model_dir)), "cpu", quantization=quantization, **kw)
 
 
 def _forward(eng, seqs: list[np.ndarray]) -> np.ndarray:  # type: ignore[no-untyped-def]
-    from bouquet.engine.batch import Batch
+    from bouquet.engine.runtime.batch import Batch
 
     return eng.forward(Batch.pack(seqs)).numpy()
 
 
 @pytest.mark.parametrize("kind", ["bert", "qwen3", "gemma3"])
 def test_fp8_forward_of_each_family_tracks_fp32_and_rows_are_independent(tmp_path: Path, kind: str) -> None:
-    from bouquet.engine.quant import set_fp8_min_tokens
+    from bouquet.engine.linear.fp8 import set_fp8_min_tokens
     from tests.fixtures.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model(kind, tmp_path / kind)
@@ -69,7 +69,7 @@ def test_modernbert_runs_its_mlp_in_fp8_behind_the_same_gate(tmp_path: Path) -> 
     """ModernBERT goes through the engine's linear layers like every family: --quantization fp8
     runs its GeGLU MLP in fp8 (Wo with row-wise scales: its LayerNorm kernel reads model-dtype rows only),
     close to the fp32 vectors, and the load-time gate applies to it as to the others."""
-    from bouquet.engine.quant import fp8_linears
+    from bouquet.engine.linear.fp8 import fp8_linears
     from tests.fixtures.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model("modernbert", tmp_path / "m")
@@ -101,7 +101,7 @@ def test_minilm_fp8_on_stsb_meets_the_bars_with_the_default_matmuls_only() -> No
     from scipy.stats import spearmanr
     from tokenizers import Tokenizer
 
-    from bouquet.engine.quant import KINDS, enable_fp8, set_fp8_min_tokens
+    from bouquet.engine.linear.fp8 import KINDS, enable_fp8, set_fp8_min_tokens
     from bouquet.modelspec import resolve_model_path
 
     model_dir = resolve_model_path(None)
@@ -158,11 +158,11 @@ def test_deferred_scales_give_the_rowwise_gemm_and_every_consumer_takes_them() -
     """A projection whose reader applies the scales (``defer``) returns ScaledRows from a unit-scale
     GEMM; applied, they are the row-wise scaled GEMM's output, and each consumer (add + RMSNorm,
     add + LayerNorm, the activations with or without the fp8 cast) reads them as those rows."""
-    from bouquet.engine.fp8_rows import ScaledRows, materialize
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import act_quant, add_layer_norm, add_rms_norm, quantize_rows, silu_mul
-    from bouquet.engine.linear import Linear
-    from bouquet.engine.quant import quantize_linear
+    from bouquet.engine.kernels.rows import ScaledRows, materialize
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import act_quant, add_layer_norm, add_rms_norm, quantize_rows, silu_mul
+    from bouquet.engine.linear.base import Linear
+    from bouquet.engine.linear.fp8 import quantize_linear
 
     torch.manual_seed(0)
     w, b = torch.randn(96, 64) * 0.1, torch.randn(96)
@@ -194,7 +194,7 @@ def test_fp8_runs_every_step_so_a_text_alone_equals_it_inside_a_large_batch(tmp_
     depend on what it is batched with (a 1,024-token threshold once made it ~4% different). Decoders
     defer their MLP's scales to the next kernel, except in fp16 (a unit-scale output could overflow
     it); encoders' q/k/v feed attention, so they keep the row-wise GEMM."""
-    from bouquet.engine.quant import fp8_linears
+    from bouquet.engine.linear.fp8 import fp8_linears
     from tests.fixtures.tiny_models import make_tiny_model
 
     eng = _engine(make_tiny_model(kind, tmp_path / kind), "fp8", fp8_min_cosine=0.0, dtype=dtype)
@@ -268,7 +268,7 @@ def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, lay
     unchanged (per-channel / per-tensor) or re-quantized per channel (block scales)."""
     from safetensors.torch import load_file
 
-    from bouquet.engine.quant import fp8_linears, set_fp8_min_tokens
+    from bouquet.engine.linear.fp8 import fp8_linears, set_fp8_min_tokens
     from tests.fixtures.tiny_models import make_tiny_model
 
     src = make_tiny_model(kind, tmp_path / "src")

@@ -26,7 +26,7 @@ def _plans(T: int, N: int, K: int) -> list:
 
 @pytest.mark.parametrize("N,K", [(1024, 2048), (1024, 3072), (768, 768), (384, 1536)])
 def test_parts_add_up_to_the_product(N: int, K: int) -> None:
-    from bouquet.engine.splitk import splitk_linear
+    from bouquet.engine.linear.splitk import splitk_linear
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(N, K, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
@@ -43,9 +43,9 @@ def test_parts_add_up_to_the_product(N: int, K: int) -> None:
 
 
 def test_norm_kernels_read_parts_as_the_summed_rows() -> None:
-    from bouquet.engine.fp8_rows import PartialRows, materialize
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import add_layer_norm, add_rms_norm
+    from bouquet.engine.kernels.rows import PartialRows, materialize
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import add_layer_norm, add_rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(1)
     N = 1024
@@ -85,9 +85,9 @@ def test_engine_with_split_k_equals_cublas_engine_at_batch_1(tmp_path: Path, sha
     the sandwich norm reads the attention output's parts with no residual; fp8: the norms that
     read parts also write the next GEMM's fp8 rows."""
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine import splitk
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.linear import splitk
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
     from tests.test_gpu_fastpath import _tokenizer, replan
 

@@ -1,4 +1,4 @@
-"""Which Triton launches take programmatic dependent launch (engine/pdl.py), on the CPU: the rule
+"""Which Triton launches take programmatic dependent launch (engine/kernels/pdl.py), on the CPU: the rule
 by kernel and grid size the H200 measurements chose, no PDL off CUDA, and unknown kernel names
 refused (a typo at a launch site would otherwise silently change the rule). The launches
 themselves are tested on the GPU (tests/test_gpu_pdl.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bouquet.engine import pdl
+from bouquet.engine.kernels import pdl
 
 
 def test_kernels_after_ours_always_take_pdl_the_others_only_with_small_grids() -> None:
@@ -31,13 +31,13 @@ def test_unknown_kernel_names_are_refused() -> None:
 
 
 def test_every_launch_site_names_a_known_kernel() -> None:
-    """The names passed at the launch sites (ops.py, attention.py, splitk.py, fused_gemms.py) are all in KERNELS."""
+    """The names passed at the launch sites (ops.py, attention.py, splitk.py, linear/triton_gemms.py) are all in KERNELS."""
     import re
     from pathlib import Path
 
     root = Path(pdl.__file__).parent
     names: set[str] = set()
-    for f in ("ops.py", "attention.py", "splitk.py", "fused_gemms.py"):
+    for f in ("ops.py", "attention.py", "splitk.py", "linear/triton_gemms.py"):
         text = (root / f).read_text()
         names |= set(re.findall(r'launch_options\([^,]+, "(\w+)"', text))
         for a, b in re.findall(r'launch_options\([^,]+, "(\w+)" if [^"]+ else "(\w+)"', text):  # name by a condition

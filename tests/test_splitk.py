@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bouquet.engine.fp8_rows import PartialRows, materialize, norm_input_args, unscale_args
-from bouquet.engine.layers import RMSNorm
-from bouquet.engine.ops import add_layer_norm, add_rms_norm
+from bouquet.engine.kernels.rows import PartialRows, materialize, norm_input_args, unscale_args
+from bouquet.engine.kernels.layers import RMSNorm
+from bouquet.engine.kernels.ops import add_layer_norm, add_rms_norm
 from bouquet.engine.plan import SPLITK_MAX_TOKENS as MAX_TOKENS, SplitPlan, splitk_plan as plan_for
-from bouquet.engine.splitk import usable
+from bouquet.engine.linear.splitk import usable
 
 
 @pytest.mark.parametrize("T,N,K", [(1, 1024, 2048), (128, 1024, 2048), (128, 1024, 3072), (16, 1024, 3072),
@@ -73,7 +73,7 @@ def test_partial_rows_read_like_their_sum() -> None:
 
 
 def test_cpu_projections_stay_plain_linears() -> None:
-    from bouquet.engine.linear import Linear, SplitKLinear
+    from bouquet.engine.linear.base import Linear, SplitKLinear
 
     x = torch.randn(4, 256).to(torch.bfloat16)
     assert not usable(x) and not usable(x.float())
@@ -87,8 +87,8 @@ def test_cpu_projections_stay_plain_linears() -> None:
 def test_triton_gemms_stay_off_on_the_cpu(tmp_path: Path) -> None:
     """The kernel plan turns the engine's Triton GEMMs on for measured Hopper GPUs only; on the CPU
     every projection is a plain GEMM (the CPU path is unchanged)."""
-    from bouquet.engine.engine import Engine
-    from bouquet.engine.linear import CublasLinear, linears
+    from bouquet.engine.runtime.engine import Engine
+    from bouquet.engine.linear.base import CublasLinear, linears
     from bouquet.engine.plan import DeviceProfile
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model

@@ -78,7 +78,7 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
     capture, replay) and the replay is compared with an exact-shape eager forward."""
     import torch
 
-    from bouquet.engine.batch import Batch
+    from bouquet.engine.runtime.batch import Batch
 
     eng = engine_target.engine
     vocab = shape.config["vocab_size"]

@@ -60,7 +60,7 @@ class EngineTarget(Target):
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
                  cublas: bool = False) -> None:
-        from bouquet.engine.engine import Engine, GraphOptions
+        from bouquet.engine.runtime.engine import Engine, GraphOptions
         from bouquet.modelspec import load_spec
 
         self.spec = load_spec(str(model_dir))
@@ -74,8 +74,8 @@ class EngineTarget(Target):
         self._lock = threading.Lock()
 
     def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
-        from bouquet.engine.batch import Batch
-        from bouquet.engine.pooling import finalize
+        from bouquet.engine.runtime.batch import Batch
+        from bouquet.engine.heads.pooling import finalize
 
         batch = Batch.pack(seqs)
         with self._lock:

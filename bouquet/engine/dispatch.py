@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import SdpaGroupedBackend
-from bouquet.engine.linear import Linear, assign_methods
+from bouquet.engine.attention.backends import SdpaGroupedBackend
+from bouquet.engine.linear.base import Linear, assign_methods
 from bouquet.engine.plan import FP8_MIN_TOKENS, DeviceProfile, KernelPlan
-from bouquet.engine.quant import Fp8Linear
-from bouquet.engine.registry import model_class
+from bouquet.engine.linear.fp8 import Fp8Linear
+from bouquet.engine.models.registry import model_class
 
 STEPS = (1, 128, 2048, 16384)  # tokens per step: batch 1 short and long, a mid batch, a full GPU step
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 MIN_CUDA = (12, 3)  # stream capture of PDL launches (graph programmatic edges) needs CUDA 12.3
 
-# fp8 (quant.py): steps of at least this many tokens run the quantized projections (every step)
+# fp8 (linear/fp8.py): steps of at least this many tokens run the quantized projections (every step)
 FP8_MIN_TOKENS = 1
 
 # split-K GEMM (splitk.py) for the projections back to the hidden size of small model-dtype steps
@@ -125,7 +125,7 @@ class DeviceProfile:
         except (AttributeError, RuntimeError, TypeError):  # not in this build: the build's version decides
             raw = 0
         try:
-            from bouquet.engine import kernels
+            from bouquet.engine.kernels import triton_kernels as kernels
             gdc = bool(kernels.HAS_GDC)
         except ImportError:  # no Triton
             gdc = False

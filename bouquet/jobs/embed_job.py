@@ -49,7 +49,7 @@ class EmbedJobConfig:
     format: OutputFormat = "parquet"
     dtype: str = "auto"  # compute dtype: auto (bf16 GPU, fp32 CPU) | float32 | float16 | bfloat16
     output_dtype: str = "float32"  # float32 | float16
-    quantization: str = "none"  # none | fp8 (engine/quant.py; ServeConfig.quantization)
+    quantization: str = "none"  # none | fp8 (engine/linear/fp8.py; ServeConfig.quantization)
     triton_gemms: bool = True  # ServeConfig.triton_gemms: the engine's Triton GEMMs on Hopper (False: none)
     device: str = "auto"
     max_batch_tokens: int = 0  # 0 = auto, as the server (config.batch_token_budget)
@@ -151,7 +151,7 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
     but a job's budget may be larger): a job's batches are all near the budget,
     so a few buckets cover them, and a replay costs the launching thread microseconds instead of
     the ~100 kernel launches of an eager step, while tokenization keeps every other core busy."""
-    from bouquet.engine.engine import Engine, GraphOptions, resolve_device
+    from bouquet.engine.runtime.engine import Engine, GraphOptions, resolve_device
 
     dev = resolve_device(device)
     budget = batch_token_budget(max_batch_tokens, dev.type, spec.max_seq_length)
@@ -250,8 +250,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     """
     import torch
 
-    from bouquet.engine.engine import resolve_device, resolve_dtype
-    from bouquet.engine.pooling import finalize
+    from bouquet.engine.runtime.engine import resolve_device, resolve_dtype
+    from bouquet.engine.heads.pooling import finalize
     from bouquet.tokenization import TextTokenizer, resolve_prompt
     from bouquet.modelspec import load_spec
 

@@ -4,7 +4,7 @@ The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
 so the asyncio loop keeps serving gRPC. Cheap steps (a CUDA-graph replay, the no-op engine) run on
 the loop: no thread hop to launch them. The engine is anything implementing
-``bouquet.engine.contract.StepEngine``. What this module does not own: batching policy
+``bouquet.engine.runtime.contract.StepEngine``. What this module does not own: batching policy
 (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import grpc
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.engine.batch import Batch
-from bouquet.engine.contract import ResultHandle, StepEngine
-from bouquet.engine.pooling import finalize
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.contract import ResultHandle, StepEngine
+from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler

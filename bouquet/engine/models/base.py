@@ -1,19 +1,19 @@
 """The model contract: what a class under ``engine/models/`` provides to the engine.
 
-The engine (``engine/engine.py``) builds a model on the meta device from config.json, assigns the
-checkpoint's tensors by name (``engine/weights.py``), moves it to the device and dtype, calls
+The engine (``engine/runtime/engine.py``) builds a model on the meta device from config.json, assigns the
+checkpoint's tensors by name (``engine/models/weights.py``), moves it to the device and dtype, calls
 ``fuse()`` once, gives each ``linear.Linear`` its method (the kernel plan), then per batch calls ``forward`` on packed tokens and ``head`` on the pooled
-rows (pooling itself is ``engine/pooling.py``'s, chosen by the model spec). A model never sees
+rows (pooling itself is ``engine/heads/pooling.py``'s, chosen by the model spec). A model never sees
 requests, padding or masks.
 
-Which architecture string maps to which class is the family table's (``engine/families.py``).
+Which architecture string maps to which class is the family table's (``families.py``).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttnMeta
+from bouquet.engine.attention.backends import AttnMeta
 
 
 class PackedModel(nn.Module):

@@ -3,7 +3,7 @@
 Parameter names are Hugging Face's (``transformers/models/bert/modeling_bert.py``) so checkpoints
 load by name. Input is flat: ``input_ids [T]``, ``position_ids [T]``, ``token_type_ids [T]``;
 attention runs per sequence through the engine's backend (``cu_seqlens``). No padding, no masks,
-no pooling here (``engine/pooling.py`` owns that); ``head`` maps pooled rows to the output.
+no pooling here (``engine/heads/pooling.py`` owns that); ``head`` maps pooled rows to the output.
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of, family, num_labels
-from bouquet.engine.fp8_rows import QRows, dense_rows
-from bouquet.engine.layers import activation, fuse_linears
-from bouquet.engine.linear import Linear
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.families import architecture_of, family, num_labels
+from bouquet.engine.kernels.rows import QRows, dense_rows
+from bouquet.engine.kernels.layers import activation, fuse_linears
+from bouquet.engine.linear.base import Linear
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.ops import add_layer_norm
+from bouquet.engine.kernels.ops import add_layer_norm
 
 
 class BertEmbeddings(nn.Module):

@@ -30,13 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of
-from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.families import architecture_of
+from bouquet.engine.kernels.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.fp8_rows import QRows, ScaledRows
-from bouquet.engine.linear import Linear
-from bouquet.engine.ops import add_rms_norm, qk_norm_rope, rope_tables
+from bouquet.engine.kernels.rows import QRows, ScaledRows
+from bouquet.engine.linear.base import Linear
+from bouquet.engine.kernels.ops import add_rms_norm, qk_norm_rope, rope_tables
 from bouquet.modelspec import is_causal
 
 
@@ -194,7 +194,7 @@ class DecoderLayer(nn.Module):
         """(x, residual) [T, hidden] → (this layer's MLP output, the residual stream before it).
 
         The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);
-        the sums are the same values HF's ``residual + hidden_states`` produces. In fp8 (quant.py)
+        the sums are the same values HF's ``residual + hidden_states`` produces. In fp8 (linear/fp8.py)
         the norms before a GEMM write its fp8 rows directly."""
         T = x.shape[0]
         h, residual = add_rms_norm(x, residual, self.input_layernorm, self.self_attn.qkv.reads_fp8(T))

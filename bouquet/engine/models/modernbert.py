@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.layers import activation
-from bouquet.engine.linear import Linear
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.engine.kernels.layers import activation
+from bouquet.engine.linear.base import Linear
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
-from bouquet.engine.ops import add_layer_norm_pre, qk_norm_rope, rope_tables
+from bouquet.engine.kernels.ops import add_layer_norm_pre, qk_norm_rope, rope_tables
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 

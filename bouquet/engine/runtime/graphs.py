@@ -52,8 +52,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.buckets import Bucket, LazyCapture
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.buckets import Bucket, LazyCapture
 
 log = logging.getLogger(__name__)
 

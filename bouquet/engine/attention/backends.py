@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.pdl import launch_options
+from bouquet.engine.kernels.pdl import launch_options
 from bouquet.engine.plan import (CUDNN_SINGLE_HEAD_DIMS, CUDNN_SINGLE_MIN_TOKENS, SINGLE_MIN_SEQLEN, TRITON_ATTN_CONFIGS,
                                  TRITON_SINGLE_CONFIGS, TRITON_UNIFORM_HEAD_DIMS, profile_of)
 
@@ -102,7 +102,7 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     with grouped-query attention, the query heads of one kv head share a program (BLOCK_M rows =
     BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them. Raises
     KeyError for a head dim without a config."""
-    from bouquet.engine import kernels
+    from bouquet.engine.kernels import triton_kernels as kernels
 
     T, H, D = q.shape
     single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and profile_of(q.device).measured_hopper  # static per bucket
@@ -278,7 +278,7 @@ def select_backend(device: torch.device, dtype: torch.dtype, override: str | Non
     if name == "varlen":
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"varlen attention needs CUDA and fp16/bf16, got {device} {dtype}")
-        from bouquet.engine.ops import triton_kernels
+        from bouquet.engine.kernels.ops import triton_kernels
 
         triton = triton_kernels() is not None
         backend: AttentionBackend = VarlenBackend("triton" if triton else "flash")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from bouquet.engine.fp8_rows import PartialRows
-from bouquet.engine.pdl import launch_options
+from bouquet.engine.kernels.rows import PartialRows
+from bouquet.engine.kernels.pdl import launch_options
 from bouquet.engine.plan import SplitPlan, profile_of, splitk_plan
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -26,7 +26,7 @@ def usable(x: torch.Tensor) -> bool:
     """Whether ``x`` [T, K] can take the split-K kernel: CUDA, fp16/bf16, rows contiguous, Triton present."""
     if not (x.is_cuda and x.dtype in _DTYPES and x.dim() == 2 and x.stride(1) == 1):
         return False
-    from bouquet.engine.ops import triton_kernels
+    from bouquet.engine.kernels.ops import triton_kernels
     return triton_kernels() is not None
 
 
@@ -40,7 +40,7 @@ def splitk_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     plan = plan or splitk_plan(T, N, K, profile_of(x.device).sms)
     if plan is None or not plan.fits(T, N, K) or not weight.is_contiguous():
         return None
-    from bouquet.engine.ops import triton_kernels
+    from bouquet.engine.kernels.ops import triton_kernels
     parts = torch.empty((plan.parts, T, N), dtype=torch.float32, device=x.device)
     if T:
         k = triton_kernels()

@@ -24,22 +24,22 @@ import numpy as np
 import torch
 
 from bouquet.config import FP8_MIN_COSINE, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
-from bouquet.engine.attention import AttentionBackend, VarlenBackend, select_backend
-from bouquet.engine.batch import Batch
-from bouquet.engine.buckets import bucket_for, load_hot, startup_buckets
-from bouquet.engine.contract import EngineInfo
-from bouquet.engine.fp8_checkpoint import split_fp8_checkpoint
-from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
-from bouquet.engine.m3_heads import M3Heads
-from bouquet.engine.pooling import pooler
-from bouquet.engine.linear import GatedTritonLinear, assign_methods, linears
+from bouquet.engine.attention.backends import AttentionBackend, VarlenBackend, select_backend
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.buckets import bucket_for, load_hot, startup_buckets
+from bouquet.engine.runtime.contract import EngineInfo
+from bouquet.engine.linear.fp8_checkpoint import split_fp8_checkpoint
+from bouquet.engine.runtime.graphs import GraphManager, input_views, pack_inputs
+from bouquet.engine.heads.m3_heads import M3Heads
+from bouquet.engine.heads.pooling import pooler
+from bouquet.engine.linear.base import GatedTritonLinear, assign_methods, linears
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.quant import enable_fp8, fp8_linears, output_cosines, set_fp8_min_tokens
-from bouquet.engine.fused_gemms import compile_now
+from bouquet.engine.linear.fp8 import enable_fp8, fp8_linears, output_cosines, set_fp8_min_tokens
+from bouquet.engine.linear.triton_gemms import compile_now
 from bouquet.engine.plan import FP8_MIN_TOKENS, WARM_TOKENS, KernelPlan, profile_of
-from bouquet.engine.st_head import build_head
-from bouquet.engine.registry import model_class
-from bouquet.engine.weights import assign_weights, load_safetensors
+from bouquet.engine.heads.st_head import build_head
+from bouquet.engine.models.registry import model_class
+from bouquet.engine.models.weights import assign_weights, load_safetensors
 from bouquet.modelspec import ModelSpec
 
 log = logging.getLogger(__name__)

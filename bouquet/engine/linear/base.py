@@ -6,7 +6,7 @@ the step size.
 
 A projection's input comes in one of two forms, decided upstream by the kernel that writes it
 (a norm or activation asks ``reads_fp8(T)``): model-dtype rows go to ``method``, fp8 ``QRows`` to
-``fp8_method`` (quant.py, set by ``quant.enable_fp8``). Outputs: model-dtype rows, or — where
+``fp8_method`` (linear/fp8.py, set by ``quant.enable_fp8``). Outputs: model-dtype rows, or — where
 every reader accepts them (``readers``) — ``PartialRows`` (split-K) and ``ScaledRows`` (fp8 with
 deferred scales), or, for a layer with an activation (``act``) or a gated activation (``gated``),
 the activated rows, as ``QRows`` when ``quantize_out`` (the next projection reads fp8).
@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bouquet.engine import fused_gemms, splitk
-from bouquet.engine.fp8_rows import PartialRows, QRows, ScaledRows, dense_rows, materialize
-from bouquet.engine.layers import activation
-from bouquet.engine.ops import FP8_ACTS, act_quant, gelu_mul, gelu_tanh_mul, linear_gelu, quantize_rows, silu_mul
+from bouquet.engine.linear import triton_gemms as fused_gemms
+from bouquet.engine.linear import splitk
+from bouquet.engine.kernels.rows import PartialRows, QRows, ScaledRows, dense_rows, materialize
+from bouquet.engine.kernels.layers import activation
+from bouquet.engine.kernels.ops import FP8_ACTS, act_quant, gelu_mul, gelu_tanh_mul, linear_gelu, quantize_rows, silu_mul
 from bouquet.engine.plan import (GATE_UP_MIN_TOKENS, GATE_UP_MIN_WAVES, SMALL_MAX_OUTPUTS, SMALL_MAX_TOKENS,
                                  SPLITK_MAX_TOKENS, DeviceProfile, KernelPlan, gate_up_smem, gate_up_tiles, small_tiles,
                                  splitk_plan)

@@ -43,9 +43,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
-from bouquet.engine.fp8_rows import FP8, FP8_MAX, QRows, ScaledRows, TINY
-from bouquet.engine.linear import Linear, LinearMethod, linears
+from bouquet.engine.linear.fp8_checkpoint import StoredFp8, stored_rows_for
+from bouquet.engine.kernels.rows import FP8, FP8_MAX, QRows, ScaledRows, TINY
+from bouquet.engine.linear.base import Linear, LinearMethod, linears
 from bouquet.engine.plan import DeviceProfile, profile_of
 
 

@@ -18,7 +18,7 @@ Both take (rows, residual, norm module) in that order.
   most ~5e-4 (absolute), under one bf16 rounding step for any activation above 0.06 in size, so
   it is used only for fp16/bf16 on CUDA; fp32 and the CPU keep the exact erf form.
 
-fp8 (``--quantization fp8``, quant.py): ``add_rms_norm``, ``add_layer_norm``, ``silu_mul`` and
+fp8 (``--quantization fp8``, linear/fp8.py): ``add_rms_norm``, ``add_layer_norm``, ``silu_mul`` and
 ``gelu_tanh_mul`` take ``fp8=True`` to write their output as ``QRows`` (e4m3 values and one float32
 scale per row, amax / 448) from the same kernel; ``act_quant`` / ``quantize_rows`` do it for other
 activations and for rows written elsewhere (attention output). ``quantize_reference`` is the rule.
@@ -48,19 +48,19 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.fp8_rows import (FP8, PartialRows, QRows, ScaledRows, materialize, norm_input_args,
+from bouquet.engine.kernels.rows import (FP8, PartialRows, QRows, ScaledRows, materialize, norm_input_args,
                                      quantize_reference, unscale_args)
-from bouquet.engine.layers import RMSNorm, activation
-from bouquet.engine.pdl import launch_options
+from bouquet.engine.kernels.layers import RMSNorm, activation
+from bouquet.engine.kernels.pdl import launch_options
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=1)
 def triton_kernels() -> ModuleType | None:
-    """The Triton kernels (engine/kernels.py), imported on first use; None without Triton."""
+    """The Triton kernels (engine/kernels/triton_kernels.py), imported on first use; None without Triton."""
     try:
-        from bouquet.engine import kernels
+        from bouquet.engine.kernels import triton_kernels as kernels
     except ImportError:
         return None
     return kernels

@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from bouquet.engine.pdl import launch_options
+from bouquet.engine.kernels.pdl import launch_options
 from bouquet.engine.plan import (GATE_UP_MIN_TOKENS as MIN_TOKENS, GATE_UP_MIN_WAVES as MIN_WAVES, GATE_UP_TILE as _TILE,
                                  SMALL_LAUNCH, SMALL_MAX_OUTPUTS, SMALL_MAX_TOKENS, gate_up_smem, profile_of, small_tiles)
 
@@ -59,7 +59,7 @@ def _gemm_ok(x: torch.Tensor, weight: torch.Tensor, tiles: int) -> bool:
         return False
     if tiles < MIN_WAVES * _sms(x.device):
         return False
-    from bouquet.engine.ops import triton_kernels
+    from bouquet.engine.kernels.ops import triton_kernels
     return triton_kernels() is not None and _descriptor() is not None
 
 
@@ -77,7 +77,7 @@ def gate_up_act(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor
     ``act``: "silu" (Qwen, Mistral) or "gelu_tanh" (Gemma)."""
     if not usable(x, weight, act):
         return None
-    from bouquet.engine import gemm_kernels
+    from bouquet.engine.kernels import gemm_kernels
     T, K = x.shape
     I = weight.shape[0] // 2
     out = x.new_empty((T, I))
@@ -96,7 +96,7 @@ def _small_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         return False
     if x.shape[0] > SMALL_MAX_TOKENS or not weight.is_contiguous() or weight.shape[1] != x.shape[1]:
         return False
-    from bouquet.engine.ops import triton_kernels
+    from bouquet.engine.kernels.ops import triton_kernels
     return triton_kernels() is not None
 
 
@@ -106,7 +106,7 @@ def _small(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: 
     tiles = small_tiles(max(T, 1), n, K, _sms(x.device))
     if tiles is None:
         return None
-    from bouquet.engine import gemm_kernels
+    from bouquet.engine.kernels import gemm_kernels
     bm, bn, bk = tiles
     out = x.new_empty((T, n))
     if T:

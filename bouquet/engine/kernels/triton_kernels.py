@@ -1,4 +1,4 @@
-"""The Triton kernels behind ops.py and quant.py (imported only when a kernel is first used, so
+"""The Triton kernels behind ops.py and linear/fp8.py (imported only when a kernel is first used, so
 importing the engine never needs Triton). Each kernel's contract, precision rules and fallback
 are documented at its Python entry point: ``ops.add_layer_norm``, ``ops.add_rms_norm``,
 ``ops.qk_norm_rope``, ``ops.silu_mul`` (and the other gated activations), ``quant.act_quant``.

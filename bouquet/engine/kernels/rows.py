@@ -9,7 +9,7 @@
   add + norm kernel reading it next adds up as it loads each element.
 
 What this module does not own: computing any of them on the device (ops.py, kernels.py) or which
-matmuls produce them (quant.py).
+matmuls produce them (linear/fp8.py).
 """
 from __future__ import annotations
 
