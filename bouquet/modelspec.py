@@ -5,7 +5,7 @@ sentence-transformers files (``modules.json`` with its module folders, read by
 ``bouquet/st_modules.py``; ``sentence_bert_config.json``; ``config_sentence_transformers.json``
 for prompts), following the meaning those files have in sentence-transformers 6.2.
 What depends on the architecture (task, default pooling, position offset, reranker prompt) is
-read from its row in ``bouquet/engine/families.py``.
+read from its row in ``bouquet/families.py``.
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ SMALL_LAUNCH = {"num_warps": 4, "num_stages": 3}  # Triton launch options of sma
 PDL_MAX_PROGRAMS = 64
 PDL_PREFETCH_MAX_BYTES = 7 << 20
 
-# attention (attention.py): (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel
+# attention (attention/backends.py): (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel
 # per head dim; one sequence of more than SINGLE_MIN_SEQLEN tokens alone takes TRITON_SINGLE_CONFIGS
 # (on a measured Hopper); one causal sequence of more than CUDNN_SINGLE_MIN_TOKENS rows runs cuDNN
 # (head dims CUDNN_SINGLE_HEAD_DIMS); equal lengths of TRITON_UNIFORM_HEAD_DIMS stay on Triton
@@ -124,10 +124,10 @@ class DeviceProfile:
             raw = int(torch._C._cuda_getDriverVersion())
         except (AttributeError, RuntimeError, TypeError):  # not in this build: the build's version decides
             raw = 0
-        try:
-            from bouquet.engine.kernels import triton_kernels as kernels
-            gdc = bool(kernels.HAS_GDC)
-        except ImportError:  # no Triton
+        try:  # griddepcontrol: Triton 3.4+ (what kernels/triton_kernels.py's HAS_GDC reads)
+            from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+            gdc = True
+        except ImportError:  # no Triton, or an older one
             gdc = False
         return cls("cuda", torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
                    torch.version.hip is not None, props.multi_processor_count,

@@ -8,7 +8,7 @@
 - ``PartialRows``: a split-K GEMM's output (splitk.py, small batches): K-range partial sums that the
   add + norm kernel reading it next adds up as it loads each element.
 
-What this module does not own: computing any of them on the device (ops.py, kernels.py) or which
+What this module does not own: computing any of them on the device (ops.py, triton_kernels.py) or which
 matmuls produce them (linear/fp8.py).
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ the add + norm kernel that reads the output next anyway (``ops.add_rms_norm``,
 split-K ("sliced-K") decomposition with the reduction moved into the consumer. Tile plans and the
 token limit: plan.py (``splitk_plan``); measurements: docs/decisions.md, "the kernel plan".
 
-What this module does not own: which projections may return parts (linear.py: only those whose
+What this module does not own: which projections may return parts (linear/base.py: only those whose
 every reader is an add + norm kernel) or when (plan.py, linear.assign_methods).
 """
 from __future__ import annotations

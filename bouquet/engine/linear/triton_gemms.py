@@ -13,7 +13,7 @@ activation or the gated product in its epilogue. Alone slower than cuBLAS, they 
 launch with programmatic dependent launch (pdl.py) and save the activation's launch; the plain one
 only up to ``plan.SMALL_MAX_OUTPUTS`` outputs. Measurements: docs/decisions.md, "the kernel plan".
 
-What this module does not own: which projections use it, or when (linear.py, plan.py).
+What this module does not own: which projections use it, or when (linear/base.py, plan.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ checkpoint's tensors by name (``engine/models/weights.py``), moves it to the dev
 rows (pooling itself is ``engine/heads/pooling.py``'s, chosen by the model spec). A model never sees
 requests, padding or masks.
 
-Which architecture string maps to which class is the family table's (``families.py``).
+Which architecture string maps to which class is the family table's (``bouquet/families.py``).
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ class PostNormLayer(nn.Module):
         bias by in-sequence positions (MPNet's relative positions; ``AttentionBackend.attend``).
 
         Each kernel that writes a matmul's input writes it in the form that matmul reads (fp8 rows
-        where it runs in fp8: linear.py); the output is QRows whose ``dense`` is the model-dtype
+        where it runs in fp8: linear/base.py); the output is QRows whose ``dense`` is the model-dtype
         output when the next layer's qkv reads fp8."""
         T, h = x.shape
         p = self.p
