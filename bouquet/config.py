@@ -40,13 +40,6 @@ GRAPH_MAX_TOKENS = 16384
 # cache (measured: ~15% faster on 2 cores than 16,384).
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
-# --quantization fp8 runs its matmuls in fp8 on every step, whatever its size: with per-token activation
-# scales a text's vector then never depends on the batch it was stepped with (a threshold made the same
-# text come back 4% different alone and inside a large batch). Cost: below ~1,024 tokens the row-wise
-# scaled GEMM (encoders' q/k/v, fp16 models) is 5-25% slower than bf16 (bench/results/h200-2026-11-30e,
-# call 1: 0.94 vs 0.76 ms at 128 tokens for Qwen3-0.6B's linears); deferred-scale GEMMs (decoders' MLP)
-# are faster than bf16 at every size. Probes move it with quant.set_fp8_min_tokens.
-FP8_MIN_TOKENS = 1
 # fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
 # own bf16 outputs (engine.py, at load).
 FP8_MIN_COSINE = 0.995
@@ -106,7 +99,7 @@ class ServeConfig:
     grpc_port: int = 0  # 0 = pick a free port
     device: Device = "auto"
     dtype: DType = "auto"
-    # "fp8": the layers' matmuls in e4m3 (engine/linear/fp8.py) on every step (FP8_MIN_TOKENS)
+    # "fp8": the layers' matmuls in e4m3 (engine/linear/fp8.py) on every step (engine/plan.py FP8_MIN_TOKENS)
     quantization: Quantization = "none"
     max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
