@@ -72,10 +72,6 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
     "enforce_eager": (bool, "enforce_eager", typer.Option(_default("enforce_eager"), help="Disable CUDA graphs.")),
     "graph_max_tokens": (int, "graph_max_tokens", typer.Option(
         _default("graph_max_tokens"), help="CUDA graphs for batches of up to this many tokens; larger ones run eagerly.")),
-    "graph_segments": (bool, "graph_segments", typer.Option(
-        _default("graph_segments"), "--graph-segments/--no-graph-segments",
-        help="Cut each CUDA graph at layer boundaries so the GPU starts before the whole graph is launched "
-        "(--no-graph-segments: one graph per bucket).")),
     "triton_gemms": (bool, "triton_gemms", typer.Option(
         _default("triton_gemms"), "--triton-gemms/--no-triton-gemms",
         help="On Hopper GPUs, Triton GEMMs where measured faster than cuBLAS: split-K for steps of up to 256 tokens, "

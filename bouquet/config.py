@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bouquet.engine.buckets import Bucket  # bucket arithmetic only: no torch
+from bouquet.engine.runtime.buckets import Bucket  # bucket arithmetic only: no torch
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
@@ -34,19 +34,12 @@ INTERACTIVE_MAX_TOKENS = 2048  # requests without 'priority' of at most this man
 # Batches with more tokens run eagerly, not as a CUDA-graph replay: the GPU step budget, so every full
 # step of a bulk request replays too. An eager 16,384-token step of a small encoder is host-bound: its
 # Python launches take longer than its kernels (H200: bge-base 7.9 ms of launches for 5.6 ms of kernels,
-# all-MiniLM-L6-v2's shape 4.4 for 1.4; bench/results/h200-2026-12-01c).
+# all-MiniLM-L6-v2's shape 4.4 for 1.4; 6603f18:bench/results/h200-2026-12-01c).
 GRAPH_MAX_TOKENS = 16384
 # Token budget per engine step when none is given: on the CPU smaller batches keep activations in
 # cache (measured: ~15% faster on 2 cores than 16,384).
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
-# --quantization fp8 runs its matmuls in fp8 on every step, whatever its size: with per-token activation
-# scales a text's vector then never depends on the batch it was stepped with (a threshold made the same
-# text come back 4% different alone and inside a large batch). Cost: below ~1,024 tokens the row-wise
-# scaled GEMM (encoders' q/k/v, fp16 models) is 5-25% slower than bf16 (bench/results/h200-2026-11-30e,
-# call 1: 0.94 vs 0.76 ms at 128 tokens for Qwen3-0.6B's linears); deferred-scale GEMMs (decoders' MLP)
-# are faster than bf16 at every size. Probes move it with quant.set_fp8_min_tokens.
-FP8_MIN_TOKENS = 1
 # fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
 # own bf16 outputs (engine.py, at load).
 FP8_MIN_COSINE = 0.995
@@ -106,7 +99,7 @@ class ServeConfig:
     grpc_port: int = 0  # 0 = pick a free port
     device: Device = "auto"
     dtype: DType = "auto"
-    # "fp8": the layers' matmuls in e4m3 (engine/quant.py) on every step (FP8_MIN_TOKENS)
+    # "fp8": the layers' matmuls in e4m3 (engine/linear/fp8.py) on every step (engine/plan.py FP8_MIN_TOKENS)
     quantization: Quantization = "none"
     max_batch_tokens: int = 0  # token budget per engine step; 0 = auto (batch_token_budget)
     max_batch_seqs: int = MAX_BATCH_SEQS
@@ -162,20 +155,17 @@ class ServeConfig:
     # Browser origins allowed to call the API (CORS, gateway/app.py); empty = no CORS headers at all.
     cors_allow_origins: tuple[str, ...] = ()
     truncate: bool = True  # default for requests that do not say
-    # "noop": a benchmarking aid that runs no model and answers zero vectors (engine/noop.py)
+    # "noop": a benchmarking aid that runs no model and answers zero vectors (engine/runtime/noop.py)
     engine: EngineKind = "torch"
     # Engine fast path (GPU)
     enforce_eager: bool = False
     # The thread that waits for a batch's result spins (GIL released) instead of sleeping until
     # the device interrupts: measured on an H200, batch-1 waits 0.22–0.24 ms shorter, for one busy
-    # core per replica while batches run (bench/results/h200-2026-11-30/).
+    # core per replica while batches run (6603f18:bench/results/h200-2026-11-30/).
     spin_wait: bool = True
     graph_max_tokens: int = GRAPH_MAX_TOKENS
-    # Each bucket's CUDA graph cut into segments at layer boundaries, so the GPU starts after the
-    # first segment's launch (engine/graphs.py, bench/results/h200-2026-12-01g); False = one graph
-    graph_segments: bool = True
     # The engine's Triton GEMMs where measured faster on Hopper (split-K for steps of ≤ 256 tokens,
-    # qkv / MLP-in for ≤ 128, gate/up with the activation from 2,048: bench/results/h200-2026-12-01e,
+    # qkv / MLP-in for ≤ 128, gate/up with the activation from 2,048: 6603f18:bench/results/h200-2026-12-01e,
     # -01h, -12-02);
     # False = none of them
     triton_gemms: bool = True

@@ -106,7 +106,7 @@ def weight_files(path: Path, allow_pickle: bool = False) -> tuple[list[Path], bo
 
     safetensors first: ``model.safetensors`` or the shards its ``model.safetensors.index.json``
     names. Only without them, and only with ``allow_pickle``: ``pytorch_model.bin`` or its indexed
-    shards (engine/weights.py loads those with ``torch.load(weights_only=True)``).
+    shards (engine/models/weights.py loads those with ``torch.load(weights_only=True)``).
     Raises HubError naming ``--allow-pickle`` when only pickled weights are present and it is off,
     or saying that no weights were found.
     """

@@ -5,18 +5,17 @@ sentence-transformers files (``modules.json`` with its module folders, read by
 ``bouquet/st_modules.py``; ``sentence_bert_config.json``; ``config_sentence_transformers.json``
 for prompts), following the meaning those files have in sentence-transformers 6.2.
 What depends on the architecture (task, default pooling, position offset, reranker prompt) is
-read from its row in ``bouquet/engine/families.py``.
+read from its row in ``bouquet/families.py``.
 """
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bouquet.engine.families import architecture_of, family, hidden_size
-from bouquet.engine.families import num_labels as label_count  # the spec's field is num_labels
+from bouquet.families import architecture_of, family, hidden_size
+from bouquet.families import num_labels as label_count  # the spec's field is num_labels
 from bouquet.st_modules import ModuleError, StModules, Step, read_modules
 
 Task = Literal["embed", "score"]
@@ -78,7 +77,7 @@ class ModelSpec:
     architecture: str
     config: dict[str, Any]
     task: Task
-    pooling: str  # "+"-joined names of engine/pooling.py's POOLINGS ("cls", "mean+max")
+    pooling: str  # "+"-joined names of engine/heads/pooling.py's POOLINGS ("cls", "mean+max")
     normalize: bool
     max_seq_length: int  # tokens, special tokens included
     dimension: int
@@ -99,13 +98,13 @@ class ModelSpec:
     pair_template: str | None = None
     default_instruction: str | None = None
     # sentence-transformers steps after pooling (Dense layers, a Normalize between them), run by
-    # the engine (engine/st_head.py); st_modules.py reads them from modules.json.
+    # the engine (engine/heads/st_head.py); st_modules.py reads them from modules.json.
     head_steps: tuple[Step, ...] = ()
     # SPLADE (a masked LM, family row ``sparse``): each row is vocabulary-sized (``dimension`` =
     # vocab_size), mostly zeros; the gateway sends it as (index, value) pairs (/embed_sparse).
     sparse: bool = False
     # bge-m3's token heads (M3_HEAD_FILES beside the weights): /embed_sparse and /embed_all read
-    # each token's lexical weight and ColBERT vector (engine/m3_heads.py)
+    # each token's lexical weight and ColBERT vector (engine/heads/m3_heads.py)
     token_heads: bool = False
     # sentence-transformers' Pooling ``include_prompt: false`` (INSTRUCTOR-style): the tokens of a
     # prompt the gateway prepends (tokenization.TextTokenizer.prompt_skip) are left out of pooling
@@ -275,9 +274,3 @@ def spec_from_config(
         token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
         include_prompt=st.include_prompt,
     )
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    """Read a boolean environment variable (used by the CLI only, never at import time)."""
-    v = os.environ.get(name)
-    return default if v is None else v.strip().lower() in ("1", "true", "yes", "on")

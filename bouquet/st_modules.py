@@ -2,8 +2,8 @@
 
 sentence-transformers runs a model as a chain of modules: the transformer, then ``Pooling``, then
 optionally ``Dense`` layers and ``Normalize``. bouquet runs the transformer and pooling in
-``engine/pooling.py``, the steps after pooling (``Dense``, a ``Normalize`` between them) in
-``engine/st_head.py``, and a final ``Normalize`` in ``pooling.finalize``. Any other module would
+``engine/heads/pooling.py``, the steps after pooling (``Dense``, a ``Normalize`` between them) in
+``engine/heads/st_head.py``, and a final ``Normalize`` in ``pooling.finalize``. Any other module would
 change the vectors in a way bouquet does not reproduce, so it is refused at start-up by name
 instead of being skipped.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# Pooling config modes (sentence-transformers' names) → bouquet's pooling names (engine/pooling.py)
+# Pooling config modes (sentence-transformers' names) → bouquet's pooling names (engine/heads/pooling.py)
 POOLING_NAMES = {"cls": "cls", "max": "max", "mean": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len",
                  "weightedmean": "weightedmean", "lasttoken": "last"}
 # The legacy boolean keys, in the order sentence-transformers concatenates their outputs.
@@ -29,7 +29,7 @@ _LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max
 # sentence-transformers writes as ``activation_function`` (its ``fullname`` of the module).
 ACTIVATIONS = {"Tanh": "tanh", "Identity": "identity", "ReLU": "relu", "GELU": "gelu", "Sigmoid": "sigmoid",
                "SiLU": "silu"}
-# SpladePooling (pooling_strategy, activation_function) → bouquet's pooling name (engine/pooling.py)
+# SpladePooling (pooling_strategy, activation_function) → bouquet's pooling name (engine/heads/pooling.py)
 SPLADE_POOLINGS = {("max", "relu"): "splade", ("sum", "relu"): "splade_sum", ("max", "log1p_relu"): "splade_log1p",
                    ("sum", "log1p_relu"): "splade_sum_log1p"}
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.buckets import Bucket, LazyCapture, bucket_for, load_hot, round_max_seqlen, round_seqs, round_tokens
-from bouquet.engine.graphs import input_views, pack_inputs, pack_into, packed_size
-from bouquet.engine.pooling import pooler
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.buckets import Bucket, LazyCapture, bucket_for, load_hot, round_max_seqlen, round_seqs, round_tokens
+from bouquet.engine.runtime.graphs import input_views, pack_inputs, pack_into, packed_size
+from bouquet.engine.heads.pooling import pooler
 
 
 def test_token_rounding_steps_of_64_then_256() -> None:
@@ -33,7 +33,7 @@ def test_bucket_for_threshold_and_slots() -> None:
 
 
 def test_uniform_buckets_only_for_batches_that_fill_them() -> None:
-    from bouquet.engine.buckets import uniform_bucket
+    from bouquet.engine.runtime.buckets import uniform_bucket
 
     # 100 texts of 512 tokens under a 16,384-token budget: steps of 32, 32, 32 and 4, each exact
     assert bucket_for(32, 16384, 512, 16384, 512, uniform=True) == Bucket(32, 16384, 512, uniform=True)
@@ -56,7 +56,7 @@ def test_uniform_buckets_only_for_batches_that_fill_them() -> None:
 
 
 def test_uniform_buckets_use_exact_slots_under_the_slot_limit_and_at_startup() -> None:
-    from bouquet.engine.buckets import startup_buckets
+    from bouquet.engine.runtime.buckets import startup_buckets
 
     # 100 slots exactly fit --max-batch-seqs 100, where rounding up to 128 would not
     assert bucket_for(100, 12800, 128, 16384, 100, uniform=True) == Bucket(100, 12800, 128, uniform=True)
@@ -70,7 +70,7 @@ def test_uniform_buckets_use_exact_slots_under_the_slot_limit_and_at_startup() -
 
 
 def test_row_parts_cover_a_row_with_at_most_three_tiles() -> None:
-    from bouquet.engine.ops import row_parts
+    from bouquet.engine.kernels.ops import row_parts
 
     for n in range(1, 16385):
         parts = [p for p in row_parts(n) if p]
@@ -184,20 +184,18 @@ def test_graph_options_on_the_command_line_are_checked(args: list[str], message:
 def test_graph_options_travel_to_the_replica_config() -> None:
     from bouquet.config import ServeConfig
 
-    cfg = ServeConfig(graph_max_tokens=16384, capture_buckets=("3:100:50",), bucket_stats_path="/tmp/hist.json",
-                      graph_segments=False).validate()
+    cfg = ServeConfig(graph_max_tokens=16384, capture_buckets=("3:100:50",), bucket_stats_path="/tmp/hist.json").validate()
     again = ServeConfig.from_json(cfg.to_json())  # what the replica process receives
     assert again == cfg and again.capture_buckets == ("3:100:50",)
-    from bouquet.engine.engine import GraphOptions
+    from bouquet.engine.runtime.engine import GraphOptions
 
     opts = GraphOptions.from_config(again)
     assert (opts.max_tokens, opts.capture, opts.stats_path) == (16384, ("3:100:50",), "/tmp/hist.json")
-    assert opts.segments is False and GraphOptions.from_config(ServeConfig()).segments is True
     assert Bucket.parse(opts.capture[0]) == Bucket(4, 128, 64)
 
 
 def test_graph_segments_start_after_one_block_then_grow_fourfold() -> None:
-    from bouquet.engine.graphs import segment_starts
+    from bouquet.engine.runtime.graphs import segment_starts
 
     assert segment_starts(28) == [1, 5, 21]
     assert segment_starts(12) == segment_starts(6) == [1, 5]
@@ -209,8 +207,8 @@ def test_graph_segments_start_after_one_block_then_grow_fourfold() -> None:
 def test_blocks_are_the_layers_forward_calls_once_each_in_order(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def]
     """The graph manager cuts CUDA-graph captures at the model's blocks() (a forward pre-hook on
     each cut block): that is exact only if forward calls every block once, in list order."""
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model
 

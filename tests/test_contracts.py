@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.contract import ResultHandle, StepEngine
-from bouquet.engine.families import FAMILIES, family
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.contract import ResultHandle, StepEngine
+from bouquet.families import FAMILIES, family
 from bouquet.modelspec import load_spec
 from helpers import BouquetProcess
 from tests.fixtures.tiny_models import make_tiny_model
@@ -57,13 +57,13 @@ def check_engine(e: StepEngine) -> None:
 
 
 def test_torch_engine_implements_the_contract() -> None:
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
 
     check_engine(Engine(load_spec(None), device="cpu"))
 
 
 def test_noop_engine_implements_the_contract() -> None:
-    from bouquet.engine.noop import NoopEngine
+    from bouquet.engine.runtime.noop import NoopEngine
 
     engine = NoopEngine(load_spec(None))
     check_engine(engine)
@@ -71,7 +71,7 @@ def test_noop_engine_implements_the_contract() -> None:
 
 
 def test_noop_engine_models_a_device_and_random_rows() -> None:
-    from bouquet.engine.noop import NoopEngine
+    from bouquet.engine.runtime.noop import NoopEngine
 
     engine = NoopEngine(load_spec(None), rows_per_s=20.0, random_rows=True, max_rows=1)
     t0 = time.perf_counter()
@@ -85,15 +85,15 @@ def test_noop_engine_models_a_device_and_random_rows() -> None:
 def test_torch_free_modules_import_no_torch() -> None:
     """The no-op replica (server process, service, engine), the contract, the family table and the
     model spec never load torch."""
-    code = ("import sys, bouquet.server.main, bouquet.server.service, bouquet.engine.noop, bouquet.engine.contract, "
-            "bouquet.engine.families, bouquet.modelspec; assert 'torch' not in sys.modules, 'torch was imported'")
+    code = ("import sys, bouquet.server.main, bouquet.server.service, bouquet.engine.runtime.noop, bouquet.engine.runtime.contract, "
+            "bouquet.families, bouquet.modelspec; assert 'torch' not in sys.modules, 'torch was imported'")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
 
 
 def test_every_family_row_is_a_packed_model() -> None:
     from bouquet.engine.models.base import PackedModel
-    from bouquet.engine.registry import ARCHITECTURES, model_class
+    from bouquet.engine.models.registry import ARCHITECTURES, model_class
 
     assert set(ARCHITECTURES) == set(FAMILIES)
     for arch in ARCHITECTURES:
@@ -105,7 +105,7 @@ def test_every_family_row_is_a_packed_model() -> None:
 
 def test_position_offset_is_one_fact(tmp_path: Path) -> None:
     """XLM-R's offset comes from its family row, for the model's embeddings and the spec's limit."""
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
 
     spec = load_spec(str(make_tiny_model("xlmr", tmp_path / "xlmr")))
     offset = family(spec.architecture).position_offset(spec.config)
@@ -133,7 +133,7 @@ def test_graph_counters_stay_zero_when_eager() -> None:
 @pytest.mark.parametrize("kind", ["bert", "qwen3-reranker"])
 def test_model_fuses_at_load(kind: str, tmp_path: Path) -> None:
     """One forward path: the engine's model reads fused weights, built by fuse() at load."""
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
 
     engine = Engine(load_spec(str(make_tiny_model(kind, tmp_path / kind))), device="cpu", dtype="float32")
     m = engine.model
@@ -152,7 +152,7 @@ def test_label_count_follows_transformers_defaults() -> None:
 
     import transformers
 
-    from bouquet.engine.families import num_labels
+    from bouquet.families import num_labels
 
     for n in (1, 2, 3):
         cfg = json.loads(transformers.BertConfig(num_labels=n).to_json_string(use_diff=True))

@@ -189,16 +189,27 @@ def test_ctrl_c_says_how_to_resume(stsb_input: Path, tmp_path: Path) -> None:
 
 
 def test_a_model_the_engine_refuses_leaves_the_output_folder_unwritten(tmp_path: Path) -> None:
-    """The engine loads before the job writes anything: a refused model (here fp8 for an architecture
-    without an fp8 path) leaves no manifest, so the same --output takes the corrected command."""
+    """The engine loads before the job writes anything: a refused model (here fp8 for a model whose
+    fp8 outputs miss the load-time accuracy gate: an MLP input column the norm always zeroes, whose
+    weights are a million, so per-channel fp8 scales leave the others 0) leaves no manifest, so the
+    same --output takes the corrected command."""
+    from safetensors.torch import load_file, save_file
+
     from tests.fixtures.tiny_models import make_tiny_model
 
     model = make_tiny_model("modernbert", tmp_path / "m")
+    state = load_file(str(model / "model.safetensors"))
+    for name, t in state.items():
+        if name.endswith("mlp_norm.weight"):
+            t[0] = 0.0  # feature 0 of the MLP's input is exactly 0 (no norm bias) ...
+        elif name.endswith("mlp.Wi.weight"):
+            t[:, 0] = 1e6  # ... so in fp32 this column adds nothing
+    save_file(state, str(model / "model.safetensors"), metadata={"format": "pt"})
     inp, out = tmp_path / "in.jsonl", tmp_path / "out"
     inp.write_text("".join(json.dumps({"id": str(i), "text": f"sentence number {i}"}) + "\n" for i in range(20)))
     args = (str(inp), "--output", str(out), "--model", str(model), "--device", "cpu")
     bad = subprocess.run(embed_cmd(*args, "--quantization", "fp8"), env=_env(), capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "not supported for ModernBertModel" in bad.stderr, bad.stderr[-1500:]
+    assert bad.returncode == 2 and "--quantization fp8 is refused for this model" in bad.stderr, bad.stderr[-1500:]
     assert not out.exists()
     run_embed(*args)
     assert json.loads((out / MANIFEST).read_text())["complete"]

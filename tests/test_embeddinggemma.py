@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
-from bouquet.engine.pooling import finalize
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer
 from helpers import cosine_rows

@@ -3,9 +3,9 @@ engine matches sentence-transformers on the same texts: cosine ≥ 0.9999 per se
 from __future__ import annotations
 
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
-from bouquet.engine.pooling import finalize
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.heads.pooling import finalize
 from bouquet.tokenization import TextTokenizer
 from bouquet.modelspec import load_spec
 

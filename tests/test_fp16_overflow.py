@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
-from bouquet.engine.weights import load_safetensors
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.models.weights import load_safetensors
 from bouquet.modelspec import load_spec
 from bouquet.server.scheduler import Request, Scheduler
 from tests.fixtures.tiny_models import make_tiny_model

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.fp8_rows import FP8_MAX, QRows, quantize_reference
+from bouquet.engine.kernels.rows import FP8_MAX, QRows, quantize_reference
 from tests.helpers import REPO, BouquetProcess, cosine_rows, read_sts
 
 
@@ -34,21 +34,21 @@ def test_quantization_rule_is_per_row_amax_over_448() -> None:
 
 
 def _engine(model_dir: Path, quantization: str = "none", **kw: object):  # type: ignore[no-untyped-def]
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
     from bouquet.modelspec import load_spec
 
     return Engine(load_spec(str(model_dir)), "cpu", quantization=quantization, **kw)
 
 
 def _forward(eng, seqs: list[np.ndarray]) -> np.ndarray:  # type: ignore[no-untyped-def]
-    from bouquet.engine.batch import Batch
+    from bouquet.engine.runtime.batch import Batch
 
     return eng.forward(Batch.pack(seqs)).numpy()
 
 
 @pytest.mark.parametrize("kind", ["bert", "qwen3", "gemma3"])
 def test_fp8_forward_of_each_family_tracks_fp32_and_rows_are_independent(tmp_path: Path, kind: str) -> None:
-    from bouquet.engine.quant import set_fp8_min_tokens
+    from bouquet.engine.linear.fp8 import set_fp8_min_tokens
     from tests.fixtures.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model(kind, tmp_path / kind)
@@ -65,11 +65,24 @@ def test_fp8_forward_of_each_family_tracks_fp32_and_rows_are_independent(tmp_pat
     np.testing.assert_allclose(got[:3], alone, atol=1e-5, rtol=1e-4)
 
 
-def test_fp8_refuses_an_architecture_without_an_fp8_path(tmp_path: Path) -> None:
+def test_modernbert_runs_its_mlp_in_fp8_behind_the_same_gate(tmp_path: Path) -> None:
+    """ModernBERT goes through the engine's linear layers like every family: --quantization fp8
+    runs its GeGLU MLP in fp8 (Wo with row-wise scales: its LayerNorm kernel reads model-dtype rows only),
+    close to the fp32 vectors, and the load-time gate applies to it as to the others."""
+    from bouquet.engine.linear.fp8 import fp8_linears
     from tests.fixtures.tiny_models import make_tiny_model
 
-    with pytest.raises(ValueError, match="not supported for ModernBertModel"):
-        _engine(make_tiny_model("modernbert", tmp_path / "m"), "fp8")
+    model_dir = make_tiny_model("modernbert", tmp_path / "m")
+    ref, eng = _engine(model_dir), _engine(model_dir, "fp8", fp8_min_cosine=0.0)
+    chosen = fp8_linears(eng.model)
+    assert chosen and {p.kind for p in chosen} == {"up", "down"}
+    assert {(p.kind, p.fp8_method.deferred) for p in chosen} == {("up", True), ("down", False)}
+    rng = np.random.default_rng(5)
+    seqs = [rng.integers(5, 200, size=int(n)).astype(np.int32) for n in rng.integers(2, 40, size=8)]
+    got, want = _forward(eng, seqs), _forward(ref, seqs)
+    assert cosine_rows(got, want).min() > 0.95 and not np.allclose(got, want, atol=1e-4)
+    with pytest.raises(ValueError, match=r"refused for this model: .* cosine 0\.9\d+ .* bar is 0\.99999"):
+        _engine(model_dir, "fp8", fp8_min_cosine=0.99999)
 
 
 def test_fp8_refuses_a_model_whose_probe_misses_the_bar(tmp_path: Path) -> None:
@@ -88,7 +101,7 @@ def test_minilm_fp8_on_stsb_meets_the_bars_with_the_default_matmuls_only() -> No
     from scipy.stats import spearmanr
     from tokenizers import Tokenizer
 
-    from bouquet.engine.quant import KINDS, enable_fp8, set_fp8_min_tokens
+    from bouquet.engine.linear.fp8 import KINDS, enable_fp8, set_fp8_min_tokens
     from bouquet.modelspec import resolve_model_path
 
     model_dir = resolve_model_path(None)
@@ -145,17 +158,18 @@ def test_deferred_scales_give_the_rowwise_gemm_and_every_consumer_takes_them() -
     """A projection whose reader applies the scales (``defer``) returns ScaledRows from a unit-scale
     GEMM; applied, they are the row-wise scaled GEMM's output, and each consumer (add + RMSNorm,
     add + LayerNorm, the activations with or without the fp8 cast) reads them as those rows."""
-    from bouquet.engine.fp8_rows import ScaledRows, materialize
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import act_quant, add_layer_norm, add_rms_norm, quantize_rows, silu_mul
-    from bouquet.engine.quant import Projection
+    from bouquet.engine.kernels.rows import ScaledRows, materialize
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import act_quant, add_layer_norm, add_rms_norm, quantize_rows, silu_mul
+    from bouquet.engine.linear.base import Linear
+    from bouquet.engine.linear.fp8 import quantize_linear
 
     torch.manual_seed(0)
     w, b = torch.randn(96, 64) * 0.1, torch.randn(96)
-    rowwise, deferred = Projection(w, b, "up"), Projection(w, b, "up", defer=True)
+    rowwise, deferred = Linear(w, b, "up"), Linear(w, b, "up", readers="act")
     for p in (rowwise, deferred):
-        p.quantize(1)
-    assert deferred.deferred and not rowwise.deferred
+        quantize_linear(p, 1)
+    assert deferred.fp8_method.deferred and not rowwise.fp8_method.deferred
     xq = quantize_rows(torch.randn(9, 64))
     got = deferred(xq)
     assert isinstance(got, ScaledRows) and got.shape == (9, 96) and got.bias is b
@@ -180,13 +194,13 @@ def test_fp8_runs_every_step_so_a_text_alone_equals_it_inside_a_large_batch(tmp_
     depend on what it is batched with (a 1,024-token threshold once made it ~4% different). Decoders
     defer their MLP's scales to the next kernel, except in fp16 (a unit-scale output could overflow
     it); encoders' q/k/v feed attention, so they keep the row-wise GEMM."""
-    from bouquet.engine.quant import projections
+    from bouquet.engine.linear.fp8 import fp8_linears
     from tests.fixtures.tiny_models import make_tiny_model
 
     eng = _engine(make_tiny_model(kind, tmp_path / kind), "fp8", fp8_min_cosine=0.0, dtype=dtype)
-    chosen = [p for p in projections(eng.model) if p.fp8 is not None]
+    chosen = fp8_linears(eng.model)
     assert chosen and all(p.fp8_min_tokens == 1 for p in chosen)
-    assert {p.deferred for p in chosen} == {kind == "qwen3" and dtype == "float32"}
+    assert {p.fp8_method.deferred for p in chosen} == {kind == "qwen3" and dtype == "float32"}
     rng = np.random.default_rng(7)
     seqs = [rng.integers(5, 200, size=60).astype(np.int32) for _ in range(30)]  # 1,800 tokens in one step
     big, alone = _forward(eng, seqs), _forward(eng, seqs[:1])
@@ -254,7 +268,7 @@ def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, lay
     unchanged (per-channel / per-tensor) or re-quantized per channel (block scales)."""
     from safetensors.torch import load_file
 
-    from bouquet.engine.quant import projections, set_fp8_min_tokens
+    from bouquet.engine.linear.fp8 import fp8_linears, set_fp8_min_tokens
     from tests.fixtures.tiny_models import make_tiny_model
 
     src = make_tiny_model(kind, tmp_path / "src")
@@ -265,8 +279,8 @@ def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, lay
     rng = np.random.default_rng(3)
     seqs = [rng.integers(5, 200, size=int(n)).astype(np.int32) for n in rng.integers(2, 40, size=6)]
     np.testing.assert_allclose(_forward(plain, seqs), _forward(ref, seqs), rtol=1e-5, atol=1e-6)
-    chosen = [p for p in projections(fp8.model) if p.fp8 is not None]
-    assert chosen and all(p.fp8_stored == (layout != "block") for p in chosen)
+    chosen = fp8_linears(fp8.model)
+    assert chosen and all(p.fp8_method.from_checkpoint == (layout != "block") for p in chosen)
     if layout != "block":  # the first fp8 matmul's rows are the stored ones, in fused order
         state = load_file(str(ckpt / "model.safetensors"))
         p = chosen[0]
@@ -274,7 +288,7 @@ def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, lay
                  and t.untyped_storage().data_ptr() == p.weight.untyped_storage().data_ptr()]
         parts = [n for _, n in sorted((dict(fp8.model.named_parameters())[n].storage_offset(), n) for n in parts)]
         want = torch.cat([state[n] for n in parts])
-        assert torch.equal(p.fp8.weight.view(torch.uint8), want.view(torch.uint8))
+        assert torch.equal(p.fp8_method.weight.weight.view(torch.uint8), want.view(torch.uint8))
     set_fp8_min_tokens(fp8.model, 0)
     assert cosine_rows(_forward(fp8, seqs), _forward(ref, seqs)).min() > 0.99
 

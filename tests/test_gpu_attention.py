@@ -42,7 +42,7 @@ def _packed(lengths: list[int], H: int, Hkv: int, D: int, seed: int = 0) -> tupl
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(12, 12, 32), (12, 12, 64), (16, 8, 128), (4, 1, 64)])
 def test_triton_varlen_matches_the_reference(causal: bool, heads: tuple[int, int, int]) -> None:
-    from bouquet.engine.attention import triton_varlen
+    from bouquet.engine.attention.backends import triton_varlen
 
     H, Hkv, D = heads
     lengths = [1, 7, 300, 64, 513, 16, 0, 0]  # two empty padding slots at the end, as graph buckets have
@@ -58,11 +58,11 @@ def test_triton_varlen_matches_the_reference(causal: bool, heads: tuple[int, int
 
 
 def test_backend_routes_ragged_batches_to_triton_and_agrees_with_flash() -> None:
-    from bouquet.engine.attention import VarlenBackend, select_backend
+    from bouquet.engine.attention.backends import VarlenBackend, select_backend
 
     tri = select_backend(torch.device("cuda"), torch.bfloat16)
     assert isinstance(tri, VarlenBackend) and tri.ragged == "triton" and tri.name == "varlen"
-    fa2 = select_backend(torch.device("cuda"), torch.bfloat16, "varlen-flash")
+    fa2 = VarlenBackend("flash")  # FlashAttention-2 varlen: the route without Triton
     assert isinstance(fa2, VarlenBackend) and fa2.ragged == "flash"
     lengths = [5, 200, 33, 128]
     q, k, v, cu = _packed(lengths, 16, 8, 128, seed=1)
@@ -75,7 +75,7 @@ def test_backend_routes_ragged_batches_to_triton_and_agrees_with_flash() -> None
 def test_triton_varlen_graph_replay_with_other_offsets_equals_eager() -> None:
     """Captured once with one set of offsets, replayed with another of the same token count and
     bound: the kernel reads cu_seqlens on the device, so a graph bucket serves any lengths."""
-    from bouquet.engine.attention import triton_varlen
+    from bouquet.engine.attention.backends import triton_varlen
 
     a, b = [100, 3, 400, 9, 0], [250, 250, 1, 10, 1]
     q, k, v, cu = _packed(a, 16, 8, 128, seed=2)
@@ -105,8 +105,8 @@ def test_one_long_causal_sequence_runs_cudnn_and_padding_stays_out(n: int, rows:
     bidirectional ones and 1,024 rows stay on the Triton kernel."""
     from unittest import mock
 
-    from bouquet.engine import attention
-    from bouquet.engine.attention import select_backend
+    from bouquet.engine.attention import backends as attention
+    from bouquet.engine.attention.backends import select_backend
 
     backend = select_backend(torch.device("cuda"), torch.bfloat16)
     q, k, v, _ = _packed([rows], 16, 8, 128, seed=n)
@@ -126,9 +126,9 @@ def test_engine_one_long_causal_sequence_graph_equals_eager(tmp_path: Path, shap
     rows). Qwen3 (one kind of layer) runs cuDNN over all rows; a causal Gemma3 with sliding and global
     layers (a windowed layer leaves padding rows unwritten) must not: finite, graph == eager."""
     from bouquet.bench.models import SHAPES, make_model_dir, tiny
-    from bouquet.engine import attention
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.attention import backends as attention
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
     from tests.test_gpu_fastpath import _tokenizer
 

@@ -13,8 +13,25 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+def replan(engine: object, **features: bool) -> None:
+    """Turn one family of the engine's Triton GEMMs on or off (``plan.KernelPlan``'s fields) and
+    choose every projection's method again: the A/B of the GPU tests, before any graph is captured."""
+    from dataclasses import replace
+
+    from bouquet.engine.linear.base import assign_methods
+
+    engine.plan = replace(engine.plan, **features)  # type: ignore[attr-defined]
+    assign_methods(engine.model, engine.plan)  # type: ignore[attr-defined]
+
+
+def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
+    """What ``ops.add_layer_norm`` computes, in fp32 PyTorch."""
+    return torch.nn.functional.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(),
+                                          ln.bias.float(), ln.eps)
+
+
 def test_add_layer_norm_matches_pytorch() -> None:
-    from bouquet.engine.ops import add_layer_norm, layer_norm_reference
+    from bouquet.engine.kernels.ops import add_layer_norm
 
     ln = torch.nn.LayerNorm(768, eps=1e-12, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(ln.weight)
@@ -30,8 +47,8 @@ def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def test_add_rms_norm_matches_pytorch() -> None:
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import add_rms_norm
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import add_rms_norm
 
     norm = RMSNorm(1024, 1e-6).to("cuda", torch.bfloat16)
     torch.nn.init.normal_(norm.weight)
@@ -46,8 +63,8 @@ def test_add_rms_norm_matches_pytorch() -> None:
 
 
 def test_qk_norm_rope_and_silu_mul_match_the_cpu_path() -> None:
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import qk_norm_rope, rope_tables, silu_mul
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import qk_norm_rope, rope_tables, silu_mul
 
     nq, nkv, D, T = 16, 8, 128, 300
     qn, kn = (RMSNorm(D, 1e-6).to("cuda", torch.bfloat16) for _ in range(2))
@@ -69,8 +86,8 @@ def test_qk_norm_rope_and_silu_mul_match_the_cpu_path() -> None:
 def test_decoder_kernel_variants_match_the_cpu_path() -> None:
     """Gemma's (1 + w) norms (residual and q/k), rotary without a q/k norm (Qwen2, Mistral) and the
     tanh-GELU gate: the Triton kernels against the eager CPU code."""
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, rope_tables
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, rope_tables
 
     norm = RMSNorm(768, 1e-6, unit_offset=True).to("cuda", torch.bfloat16)
     torch.nn.init.normal_(norm.weight, std=0.3)
@@ -95,7 +112,7 @@ def test_decoder_kernel_variants_match_the_cpu_path() -> None:
 def test_modernbert_kernels_match_the_cpu_path() -> None:
     """ModernBERT's pre-norm add + bias-free LayerNorm (the rounded sum kept as the residual) and
     its erf-GELU gate: the Triton kernels against the eager CPU code."""
-    from bouquet.engine.ops import add_layer_norm_pre, gelu_mul
+    from bouquet.engine.kernels.ops import add_layer_norm_pre, gelu_mul
 
     ln = torch.nn.LayerNorm(768, eps=1e-5, bias=False, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(ln.weight, mean=1.0, std=0.3)
@@ -110,7 +127,7 @@ def test_modernbert_kernels_match_the_cpu_path() -> None:
 
 
 def test_linear_gelu_epilogue_matches_erf_gelu() -> None:
-    from bouquet.engine.ops import linear_gelu
+    from bouquet.engine.kernels.ops import linear_gelu
 
     lin = torch.nn.Linear(768, 3072, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(200, 768, device="cuda", dtype=torch.bfloat16)
@@ -119,7 +136,7 @@ def test_linear_gelu_epilogue_matches_erf_gelu() -> None:
 
 
 def test_uniform_cudnn_attention_matches_varlen() -> None:
-    from bouquet.engine.attention import VarlenBackend
+    from bouquet.engine.attention.backends import VarlenBackend
 
     be = VarlenBackend()
     B, L, H, D = 6, 96, 8, 64
@@ -149,10 +166,10 @@ def test_graph_replay_equals_eager_for_every_bucket(tmp_path: Path, shape: str) 
     from dataclasses import replace
 
     from bouquet.bench.models import SHAPES, make_model_dir, tiny
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.buckets import bucket_for
-    from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.engine.graphs import segment_starts
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.buckets import bucket_for
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
+    from bouquet.engine.runtime.graphs import segment_starts
     from bouquet.modelspec import load_spec
 
     # qwen3-tiny: 2 layers, head_dim 32 (fused RMSNorm / q-k norm + rotary / SiLU kernels)
@@ -200,8 +217,8 @@ def test_steps_in_flight_each_get_their_own_inputs(tmp_path: Path) -> None:
     # Replays share one pinned staging buffer (graphs.py): steps enqueued back to back, none
     # waited for, in captured and new buckets alike, must each answer for their own batch.
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
 
     eng = Engine(load_spec(str(make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer()))), "cuda",
@@ -223,9 +240,9 @@ def test_steps_in_flight_each_get_their_own_inputs(tmp_path: Path) -> None:
 
 def test_startup_capture_from_saved_histogram(tmp_path: Path) -> None:
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.buckets import Bucket
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.buckets import Bucket
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
 
     spec = load_spec(str(make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer())))

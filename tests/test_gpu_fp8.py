@@ -17,7 +17,7 @@ def _same_fp8(got, want_rows: torch.Tensor) -> None:  # type: ignore[no-untyped-
     """QRows ``got`` == quantize_reference(want_rows): scales to fp32 rounding; values equal but for
     at most 0.1% of entries, each within one e4m3 step (1/8 relative: an input one bf16 step
     apart, or fp32 division order, can round to the next fp8 value)."""
-    from bouquet.engine.fp8_rows import quantize_reference
+    from bouquet.engine.kernels.rows import quantize_reference
 
     q, s = quantize_reference(want_rows)
     torch.testing.assert_close(got.scale, s, rtol=1e-6, atol=0)
@@ -28,8 +28,8 @@ def _same_fp8(got, want_rows: torch.Tensor) -> None:  # type: ignore[no-untyped-
 
 @pytest.mark.parametrize("T", [1, 130, 4096])
 def test_norm_kernels_write_the_reference_fp8_rows(T: int) -> None:
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import add_layer_norm, add_rms_norm
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import add_layer_norm, add_rms_norm
 
     for unit in (False, True):
         norm = RMSNorm(1024, 1e-6, unit).to("cuda", torch.bfloat16)
@@ -49,7 +49,7 @@ def test_norm_kernels_write_the_reference_fp8_rows(T: int) -> None:
 
 @pytest.mark.parametrize("T", [1, 130, 4096])
 def test_activation_kernels_write_the_reference_fp8_rows(T: int) -> None:
-    from bouquet.engine.ops import act_quant, gelu_tanh_mul, quantize_rows, silu_mul
+    from bouquet.engine.kernels.ops import act_quant, gelu_tanh_mul, quantize_rows, silu_mul
 
     gu = torch.randn(T, 2 * 3072, device="cuda", dtype=torch.bfloat16) * 3
     _same_fp8(silu_mul(gu, fp8=True), silu_mul(gu))
@@ -66,23 +66,25 @@ def test_activation_kernels_write_the_reference_fp8_rows(T: int) -> None:
 
 
 def test_fp8_gemm_equals_the_dequantized_matmul() -> None:
-    from bouquet.engine.ops import quantize_rows
-    from bouquet.engine.quant import Projection
+    from bouquet.engine.linear.base import Linear
+    from bouquet.engine.kernels.ops import quantize_rows
+    from bouquet.engine.linear.fp8 import quantize_linear
 
     w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     b = torch.randn(2304, device="cuda", dtype=torch.bfloat16)
-    p = Projection(w, b, "qkv")
-    p.quantize(0)
-    assert p.fp8 is not None
+    p = Linear(w, b, "qkv")
+    quantize_linear(p, 0)
+    fp8 = p.fp8_method.weight
+    assert fp8 is not None
     for T in (1, 100, 5000):
         xq = quantize_rows(torch.randn(T, 768, device="cuda", dtype=torch.bfloat16))
-        want = (xq.values.float() * xq.scale) @ (p.fp8.weight.float() * p.fp8.scale.t()).t() + b.float()
+        want = (xq.values.float() * xq.scale) @ (fp8.weight.float() * fp8.scale.t()).t() + b.float()
         torch.testing.assert_close(p(xq).float(), want, rtol=2e-2, atol=2e-2)
 
 
 def _scaled(T: int, N: int, bias: bool):  # type: ignore[no-untyped-def]
     """ScaledRows [T, N] as a unit-scale fp8 GEMM writes them: raw in the hundreds, small scales."""
-    from bouquet.engine.fp8_rows import ScaledRows
+    from bouquet.engine.kernels.rows import ScaledRows
 
     def dev(t: torch.Tensor) -> torch.Tensor:
         return t.to("cuda")
@@ -104,9 +106,9 @@ def test_kernels_apply_deferred_scales_as_pytorch_does(T: int) -> None:
     """Each consumer of ScaledRows (add + RMSNorm, add + LayerNorm, the gated activation with and
     without the fp8 cast, the plain one with it) on the device == the same kernel on the rows
     ``materialize`` makes."""
-    from bouquet.engine.fp8_rows import materialize
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import act_quant, add_layer_norm, add_rms_norm, silu_mul
+    from bouquet.engine.kernels.rows import materialize
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import act_quant, add_layer_norm, add_rms_norm, silu_mul
 
     for bias in (False, True):
         x = _scaled(T, 1024, bias)
@@ -131,16 +133,17 @@ def test_kernels_apply_deferred_scales_as_pytorch_does(T: int) -> None:
 
 def test_deferred_fp8_gemm_equals_the_rowwise_one() -> None:
     """Unit-scale GEMM + scales applied afterwards == the row-wise scaled GEMM, to bf16 rounding."""
-    from bouquet.engine.fp8_rows import ScaledRows, materialize
-    from bouquet.engine.ops import quantize_rows
-    from bouquet.engine.quant import Projection
+    from bouquet.engine.kernels.rows import ScaledRows, materialize
+    from bouquet.engine.kernels.ops import quantize_rows
+    from bouquet.engine.linear.base import Linear
+    from bouquet.engine.linear.fp8 import quantize_linear
 
     w = torch.randn(3072, 1024, device="cuda", dtype=torch.bfloat16) * 0.05
     b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
-    rowwise, deferred = Projection(w, b, "up"), Projection(w, b, "up", defer=True)
+    rowwise, deferred = Linear(w, b, "up"), Linear(w, b, "up", readers="act")
     for p in (rowwise, deferred):
-        p.quantize(0)
-    assert deferred.deferred and not rowwise.deferred
+        quantize_linear(p, 0)
+    assert deferred.fp8_method.deferred and not rowwise.fp8_method.deferred
     for T in (1, 100, 5000):
         xq = quantize_rows(torch.randn(T, 1024, device="cuda", dtype=torch.bfloat16))
         got = deferred(xq)
@@ -155,9 +158,9 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("shape", ["minilm", "qwen3-tiny"])
 def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, shape: str) -> None:
     from bouquet.bench.models import SHAPES, make_model_dir, tiny
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.engine.quant import projections
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
+    from bouquet.engine.linear.fp8 import fp8_linears
     from bouquet.modelspec import load_spec
     from tests.test_gpu_fastpath import _tokenizer
 
@@ -176,22 +179,22 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
             assert _cos(r, want).min() > 0.999
         bf16 = ref.forward(batch).cpu().numpy()
         cos = _cos(want, bf16)
-        if any(p.use_fp8(batch.num_tokens) for p in projections(eng.model)):
+        if any(p.reads_fp8(batch.num_tokens) for p in fp8_linears(eng.model)):
             assert cos.min() > 0.98 and not np.array_equal(want, bf16)
         else:  # small steps keep the bf16 weights (row-wise projections, e.g. MiniLM's qkv, below
             # FP8_MIN_TOKENS): the bf16 engine's rows (to float32 rounding)
             np.testing.assert_allclose(want, bf16, atol=1e-6, rtol=1e-6)
     assert eng.graph_captures == 3
-    deferred = [p for p in projections(eng.model) if p.fp8 is not None and p.deferred]
+    deferred = [p for p in fp8_linears(eng.model) if p.fp8_method.deferred]
     assert bool(deferred) == (shape == "qwen3-tiny")  # the decoder's MLP; MiniLM's qkv feeds attention
 
 
 def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -> None:
     """A Qwen3 checkpoint stored in e4m3 with per-channel scales: the fp8 GEMMs use the stored
     rows unchanged (on the device), and the model tracks its dequantized bf16 weights."""
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine
-    from bouquet.engine.quant import projections, set_fp8_min_tokens
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine
+    from bouquet.engine.linear.fp8 import fp8_linears, set_fp8_min_tokens
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model
     from tests.test_fp8 import _fp8_checkpoint
@@ -199,8 +202,8 @@ def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -
     ckpt = _fp8_checkpoint(make_tiny_model("qwen3", tmp_path / "src"), tmp_path / "fp8", "channel")
     eng = Engine(load_spec(str(ckpt)), "cuda", quantization="fp8", fp8_min_cosine=0.0)
     ref = Engine(load_spec(str(tmp_path / "fp8-dequantized")), "cuda")
-    chosen = [p for p in projections(eng.model) if p.fp8 is not None]
-    assert chosen and all(p.fp8_stored and p.fp8.weight.is_cuda for p in chosen)
+    chosen = fp8_linears(eng.model)
+    assert chosen and all(p.fp8_method.from_checkpoint and p.fp8_method.weight.weight.is_cuda for p in chosen)
     set_fp8_min_tokens(eng.model, 0)
     rng = np.random.default_rng(1)
     batch = Batch.pack([rng.integers(5, 200, size=int(n)).astype(np.int32) for n in rng.integers(2, 60, size=16)])

@@ -1,4 +1,4 @@
-"""The gated MLP's gate/up GEMM with the activation in its epilogue (fused_gemms.py) on the GPU:
+"""The gated MLP's gate/up GEMM with the activation in its epilogue (linear/triton_gemms.py) on the GPU:
 the kernel against cuBLAS + the activation kernel, where it applies, and whole engines with it on
 and off (eager, capture, replay) for both activations (Qwen3: SiLU, EmbeddingGemma: tanh-GELU);
 and the batch-1 GEMMs (``small_linear``, ``small_gate_up_act``: qkv, MLP-in with bias / activation)
@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
                                        (16384, 1024, 3072, "silu"), (8192, 768, 1152, "gelu_tanh"),
                                        (6000, 768, 1000, "silu")])  # clipped last row and column tiles
 def test_kernel_equals_gemm_then_activation(T: int, h: int, i: int, act: str) -> None:
-    from bouquet.engine.fused_gemms import gate_up_act
-    from bouquet.engine.ops import gelu_tanh_mul, silu_mul
+    from bouquet.engine.linear.triton_gemms import gate_up_act
+    from bouquet.engine.kernels.ops import gelu_tanh_mul, silu_mul
 
     g = torch.Generator(device="cuda").manual_seed(T)
     x = torch.randn(T, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -38,7 +38,7 @@ def test_kernel_equals_gemm_then_activation(T: int, h: int, i: int, act: str) ->
 
 
 def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
-    from bouquet.engine.fused_gemms import MIN_TOKENS, compile_now, gate_up_act, usable
+    from bouquet.engine.linear.triton_gemms import MIN_TOKENS, compile_now, gate_up_act, usable
 
     w = torch.randn(2 * 3072, 1024, device="cuda", dtype=torch.bfloat16)
     assert usable(torch.randn(MIN_TOKENS, 1024, device="cuda", dtype=torch.bfloat16), w, "silu")
@@ -58,20 +58,20 @@ def test_usable_only_where_measured_faster_and_tma_can_run() -> None:
 def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine import fused_gemms
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.engine.models import decoder
+    from bouquet.engine.linear import triton_gemms as fused_gemms
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]  # full width, two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
     graphs = GraphOptions(debug=True)
-    plain = Engine(spec, "cuda", graphs=graphs, fused_gemms=False)
-    fused = Engine(spec, "cuda", graphs=graphs, fused_gemms=True)
-    assert fused.fused_gemms and not plain.fused_gemms
+    plain = Engine(spec, "cuda", graphs=graphs)
+    replan(plain, gate_up_act=False)
+    fused = Engine(spec, "cuda", graphs=graphs)
+    assert fused.plan.gate_up_act and not plain.plan.gate_up_act
     ran: list[bool] = []
     real = fused_gemms.gate_up_act
 
@@ -80,7 +80,7 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
         ran.append(out is not None)
         return out
 
-    monkeypatch.setattr(decoder, "gate_up_act", spy)
+    monkeypatch.setattr(fused_gemms, "gate_up_act", spy)
     rng = np.random.default_rng(0)
     # Qwen3 takes the kernel from 2,048 tokens, EmbeddingGemma (i = 1,152) gate/up from ~4,700 (MIN_WAVES)
     for lengths in ([512] * 4, [2048], [300, 700, 1100, 12], [512] * 16, [16] * 64 + [500] * 14):
@@ -100,8 +100,8 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
                                           (1536, 768, True, "gelu_new")])
 def test_small_linear_equals_linear_then_activation(T: int, N: int, K: int, bias: bool, act: str | None) -> None:
     """fused_gemms.small_linear (steps ≤ 128 tokens) against F.linear then the activation, as HF rounds."""
-    from bouquet.engine.fused_gemms import SMALL_MAX_OUTPUTS, small_linear
-    from bouquet.engine.layers import activation
+    from bouquet.engine.linear.triton_gemms import SMALL_MAX_OUTPUTS, small_linear
+    from bouquet.engine.kernels.layers import activation
 
     g = torch.Generator(device="cuda").manual_seed(T + N)
     x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
@@ -121,8 +121,8 @@ def test_small_linear_equals_linear_then_activation(T: int, N: int, K: int, bias
 @pytest.mark.parametrize("T", [1, 16, 128])
 @pytest.mark.parametrize("h,i,act", [(1024, 3072, "silu"), (768, 1152, "gelu_tanh")])
 def test_small_gate_up_act_equals_gemm_then_activation(T: int, h: int, i: int, act: str) -> None:
-    from bouquet.engine.fused_gemms import small_gate_up_act
-    from bouquet.engine.ops import gelu_tanh_mul, silu_mul
+    from bouquet.engine.linear.triton_gemms import small_gate_up_act
+    from bouquet.engine.kernels.ops import gelu_tanh_mul, silu_mul
 
     g = torch.Generator(device="cuda").manual_seed(T + i)
     x = torch.randn(T, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -136,20 +136,22 @@ def test_small_gate_up_act_equals_gemm_then_activation(T: int, h: int, i: int, a
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "bge-base", "minilm", "embeddinggemma-300m"])
 def test_engine_with_small_gemms_equals_engine_without_at_batch_1(tmp_path: Path, shape: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small steps (≤ 128 tokens) with Engine(small_gemms=True / False), eager, capture, replay."""
+    """Small steps (≤ 128 tokens) with the plan's small_gemms on / off, eager, capture, replay."""
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine import fused_gemms
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.linear import triton_gemms as fused_gemms
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
-    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=False)
-    fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True), small_gemms=True)
-    assert fused.small_gemms and not plain.small_gemms
+    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True))
+    replan(plain, small_gemms=False)
+    fused = Engine(spec, "cuda", graphs=GraphOptions(debug=True))
+    replan(fused, small_gemms=True)
+    assert fused.plan.small_gemms and not plain.plan.small_gemms
     ran: set[bool] = set()  # gated or not, for each small GEMM that did run
     real = fused_gemms._small
 

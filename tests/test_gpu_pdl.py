@@ -1,4 +1,4 @@
-"""Programmatic dependent launch on the GPU (engine/pdl.py): engines whose Triton kernels launch
+"""Programmatic dependent launch on the GPU (engine/kernels/pdl.py): engines whose Triton kernels launch
 with PDL (wait, then signal) give the same vectors as engines launching
 plainly — eager, at capture and over many graph replays, where a missing wait would show as a
 race — for the decoder and encoder shapes, bf16 and fp8. Equal to 1e-6: PDL changes no
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_hopper_launches_with_pdl() -> None:
     """On the GPUs it was measured on (compute capability 9.x) the engine does use PDL, so the
     equality tests below compare two different launch modes."""
-    from bouquet.engine import pdl
+    from bouquet.engine.kernels import pdl
 
     if torch.cuda.get_device_capability(0)[0] != 9:
         pytest.skip("PDL is measured and on by default for Hopper only")
@@ -45,7 +45,7 @@ def test_hopper_launches_with_pdl() -> None:
 
 @contextmanager
 def _plain_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from bouquet.engine import pdl
+    from bouquet.engine.kernels import pdl
 
     with monkeypatch.context() as m:
         m.setattr(pdl, "supported", lambda index: False)
@@ -59,22 +59,24 @@ def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantiz
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """(The PDL engine's GEMMs also prefetch their weights into L2: pdl.PREFETCHES.)"""
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine import pdl
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.kernels import pdl
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     if not pdl.supported(0):
         pytest.skip("no programmatic dependent launch on this GPU / CUDA / Triton")
     s = SHAPES[shape]  # full width, two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
-    # small_gemms named: both engines run the same kernels, only their launches differ
-    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True), small_gemms=True)
+    # small_gemms on in both: both engines run the same kernels, only their launches differ
+    opts = dict(quantization=quantization, fp8_min_cosine=0.0, graphs=GraphOptions(debug=True))
     with _plain_launches(monkeypatch):
         plain = Engine(spec, "cuda", **opts)
+        replan(plain, small_gemms=True)
     with_pdl = Engine(spec, "cuda", **opts)
+    replan(with_pdl, small_gemms=True)
     rng = np.random.default_rng(0)
     for lengths in ([1], [7], [128], [200], [130, 60], [300], [512], [100, 28], [5] * 5, [512] * 8):
         batch = Batch.pack([rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths])

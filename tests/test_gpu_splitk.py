@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _plans(T: int, N: int, K: int) -> list:
-    from bouquet.engine.splitk import SplitPlan, plan_for
+    from bouquet.engine.plan import SplitPlan, splitk_plan as plan_for
 
     props = torch.cuda.get_device_properties(0)
     extra = [SplitPlan(64, 32, 64, 4), SplitPlan(128, 128, 128, 2), SplitPlan(16, 64, 128, 2, stages=4)]
@@ -26,7 +26,7 @@ def _plans(T: int, N: int, K: int) -> list:
 
 @pytest.mark.parametrize("N,K", [(1024, 2048), (1024, 3072), (768, 768), (384, 1536)])
 def test_parts_add_up_to_the_product(N: int, K: int) -> None:
-    from bouquet.engine.splitk import splitk_linear
+    from bouquet.engine.linear.splitk import splitk_linear
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(N, K, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
@@ -43,9 +43,9 @@ def test_parts_add_up_to_the_product(N: int, K: int) -> None:
 
 
 def test_norm_kernels_read_parts_as_the_summed_rows() -> None:
-    from bouquet.engine.fp8_rows import PartialRows, materialize
-    from bouquet.engine.layers import RMSNorm
-    from bouquet.engine.ops import add_layer_norm, add_rms_norm
+    from bouquet.engine.kernels.rows import PartialRows, materialize
+    from bouquet.engine.kernels.layers import RMSNorm
+    from bouquet.engine.kernels.ops import add_layer_norm, add_rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(1)
     N = 1024
@@ -85,18 +85,20 @@ def test_engine_with_split_k_equals_cublas_engine_at_batch_1(tmp_path: Path, sha
     the sandwich norm reads the attention output's parts with no residual; fp8: the norms that
     read parts also write the next GEMM's fp8 rows."""
     from bouquet.bench.models import SHAPES, make_model_dir
-    from bouquet.engine import splitk
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine, GraphOptions
+    from bouquet.engine.linear import splitk
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]  # full width (the projections' real N and K), two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
     opts = dict(quantization=quantization, fp8_min_cosine=0.0)
-    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), split_k=False, **opts)
-    split = Engine(spec, "cuda", graphs=GraphOptions(debug=True), split_k=True, **opts)
+    plain = Engine(spec, "cuda", graphs=GraphOptions(debug=True), **opts)
+    replan(plain, split_k=False)
+    split = Engine(spec, "cuda", graphs=GraphOptions(debug=True), **opts)
+    replan(split, split_k=True)
     ran = []
     real = splitk.splitk_linear
     monkeypatch.setattr(splitk, "splitk_linear", lambda *a, **k: ran.append(real(*a, **k)) or ran[-1])

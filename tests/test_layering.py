@@ -70,3 +70,35 @@ def test_no_import_runs_up_a_floor() -> None:
     bad = [(m, d) for m, deps in imports().items() for d in deps
            for low, high in FORBIDDEN if (m == low or m.startswith(low + ".")) and (d == high or d.startswith(high + "."))]
     assert not bad, bad
+
+
+# engine/'s floors, top to bottom: a module imports only from its own floor or those below
+# (attention and linear share a floor and do not import each other); plan.py is the ground floor,
+# dispatch.py (the documentation renderer) stands above everything
+ENGINE_FLOORS = [("runtime",), ("heads",), ("models",), ("linear", "attention"), ("kernels",), ("plan",)]
+
+
+def _engine_floor(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["bouquet", "engine"] or len(parts) < 3:
+        return None
+    return next((i for i, names in enumerate(ENGINE_FLOORS) if parts[2] in names), None)
+
+
+def test_engine_subpackages_import_only_downward() -> None:
+    bad = []
+    for m, deps in imports().items():
+        fm = _engine_floor(m)
+        if fm is None:
+            continue
+        for d in deps:
+            fd = _engine_floor(d)
+            if fd is not None and (fd < fm or (fd == fm and m.split(".")[2] != d.split(".")[2])):
+                bad.append((m, d))
+    assert not bad, bad
+
+
+def test_modelspec_and_the_family_table_import_nothing_of_the_engine() -> None:
+    graph = imports()
+    for m in ("bouquet.modelspec", "bouquet.families"):
+        assert not [d for d in graph[m] if d.startswith("bouquet.engine")], graph[m]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine, GraphOptions, PendingResult
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine, GraphOptions, PendingResult
 from bouquet.modelspec import load_spec
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.engine import Engine
-from bouquet.engine.weights import WeightError
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.models.weights import WeightError
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer
 from helpers import BouquetProcess, cosine_rows
@@ -115,7 +115,7 @@ def test_pickled_head_is_refused(m3_dir, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_token_outputs_on_cuda(m3_dir):
     """``step_tokens`` on the GPU (bf16, pinned copy back) agrees with the CPU in float32."""
-    from bouquet.engine.batch import Batch
+    from bouquet.engine.runtime.batch import Batch
 
     spec = load_spec(str(m3_dir))
     batch = Batch.pack(TextTokenizer(spec).encode(TEXTS).ids)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
 from bouquet.modelspec import ModelSpec, load_spec
 from tests.fixtures.tiny_decoders import DECODER_CROSS_KINDS
 from tests.fixtures.tiny_models import KINDS, make_tiny_model

@@ -245,7 +245,7 @@ def pickle_only_model(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_pickle_weights_refused_by_loader(pickle_only_model):
-    from bouquet.engine.weights import WeightError, load_safetensors
+    from bouquet.engine.models.weights import WeightError, load_safetensors
 
     path, marker = pickle_only_model
     with pytest.raises(WeightError, match="safetensors"):
@@ -255,7 +255,7 @@ def test_pickle_weights_refused_by_loader(pickle_only_model):
 
 def test_allow_pickle_unpickles_tensors_only(pickle_only_model):
     """--allow-pickle loads through torch.load(weights_only=True): a crafted pickle is still refused."""
-    from bouquet.engine.weights import WeightError, load_weights
+    from bouquet.engine.models.weights import WeightError, load_weights
 
     path, marker = pickle_only_model
     with pytest.raises(WeightError, match="--allow-pickle"):

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.engine.batch import Batch
-from bouquet.engine.contract import EngineInfo
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.contract import EngineInfo
 from bouquet.modelspec import load_spec
 from bouquet.server.scheduler import Request, Scheduler
 from bouquet.server.service import InferenceService
@@ -45,7 +45,7 @@ class Handle:
 class DeviceLikeEngine:
     """Batches of at most ``graph_tokens`` tokens are "graph replays"; device time per batch is
     ``seconds(batch)``. Row i of a batch = [first token id of sequence i, 0, 0, 0]. Implements
-    ``bouquet.engine.contract.StepEngine`` (tests/test_contracts.py checks the real engines)."""
+    ``bouquet.engine.runtime.contract.StepEngine`` (tests/test_contracts.py checks the real engines)."""
 
     inline_step = False
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer
 from tests.fixtures.tiny_models import make_tiny_model

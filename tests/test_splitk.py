@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bouquet.engine.fp8_rows import PartialRows, materialize, norm_input_args, unscale_args
-from bouquet.engine.layers import RMSNorm
-from bouquet.engine.ops import add_layer_norm, add_rms_norm
-from bouquet.engine.splitk import MAX_TOKENS, SplitPlan, plan_for, usable
+from bouquet.engine.kernels.rows import PartialRows, materialize, norm_input_args, unscale_args
+from bouquet.engine.kernels.layers import RMSNorm
+from bouquet.engine.kernels.ops import add_layer_norm, add_rms_norm
+from bouquet.engine.plan import SPLITK_MAX_TOKENS as MAX_TOKENS, SplitPlan, splitk_plan as plan_for
+from bouquet.engine.linear.splitk import usable
 
 
 @pytest.mark.parametrize("T,N,K", [(1, 1024, 2048), (128, 1024, 2048), (128, 1024, 3072), (16, 1024, 3072),
@@ -72,28 +73,28 @@ def test_partial_rows_read_like_their_sum() -> None:
 
 
 def test_cpu_projections_stay_plain_linears() -> None:
-    from bouquet.engine.quant import Projection
+    from bouquet.engine.linear.base import Linear, SplitKLinear
 
     x = torch.randn(4, 256).to(torch.bfloat16)
     assert not usable(x) and not usable(x.float())
     w = torch.randn(128, 256).to(torch.bfloat16)
-    got = Projection(w, None, "o", defer=True, split_k=True)(x)
+    layer = Linear(w, None, "o", readers="norm")
+    layer.method = SplitKLinear()  # even if a plan chose it, a CPU tensor runs F.linear
+    got = layer(x)
     assert isinstance(got, torch.Tensor) and torch.equal(got, torch.nn.functional.linear(x, w))
 
 
 def test_triton_gemms_stay_off_on_the_cpu(tmp_path: Path) -> None:
-    """The defaults (None) turn the engine's Triton GEMMs on for Hopper GPUs only; on the CPU both
-    are off and the models' projections and MLPs say so (the CPU path is unchanged)."""
-    from bouquet.engine.engine import Engine, _measured_gpu
-    from bouquet.engine.quant import projections
+    """The kernel plan turns the engine's Triton GEMMs on for measured Hopper GPUs only; on the CPU
+    every projection is a plain GEMM (the CPU path is unchanged)."""
+    from bouquet.engine.runtime.engine import Engine
+    from bouquet.engine.linear.base import CublasLinear, linears
+    from bouquet.engine.plan import DeviceProfile
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model
 
     eng = Engine(load_spec(str(make_tiny_model("qwen3", tmp_path / "qwen3"))), "cpu")
-    assert not _measured_gpu(torch.device("cpu"))
-    assert eng.split_k is False and eng.fused_gemms is False
-    assert not any(p.split_k for p in projections(eng.model))
-    mlps = [m for m in eng.model.modules() if hasattr(m, "fused_gemms")]
-    assert mlps and not any(m.fused_gemms for m in mlps)
-    assert eng.small_gemms is False and not any(p.small_gemm for p in projections(eng.model))
-    assert not any(m.small_gemms for m in eng.model.modules() if hasattr(m, "small_gemms"))
+    assert eng.profile == DeviceProfile.cpu() and not eng.profile.measured_hopper
+    assert not (eng.plan.split_k or eng.plan.gate_up_act or eng.plan.small_gemms)
+    layers = list(linears(eng.model))
+    assert layers and all(type(p.method) is CublasLinear for p in layers)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
-from bouquet.engine.pooling import finalize
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import ModelError, load_spec
 from bouquet.tokenization import TextTokenizer
 from helpers import BouquetProcess, cosine_rows

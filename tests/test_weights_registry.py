@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bouquet.engine.engine import Engine
-from bouquet.engine.registry import ARCHITECTURES, UnsupportedArchitecture, model_class
-from bouquet.engine.weights import WeightError, load_safetensors
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.models.registry import ARCHITECTURES, UnsupportedArchitecture, model_class
+from bouquet.engine.models.weights import WeightError, load_safetensors
 from bouquet.modelspec import load_spec
 from tests.fixtures.tiny_models import make_tiny_model
 

@@ -27,7 +27,7 @@ from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerPr
 
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5", "rerank")  # bench/README.md
-SYSTEMS = ("engine", "engine-fp8", "engine-fp8-rowwise", "engine-fa2", "engine-cublas", "engine-fp8-cublas", "replica", "replica-fp8", "grpc", "http", "http-fp8", "http-graph8192",
+SYSTEMS = ("engine", "engine-fp8", "engine-cublas", "engine-fp8-cublas", "replica", "replica-fp8", "grpc", "http", "http-fp8",
            "http-cublas", "http-noop", "openai", "rerank-url", "transformers")
 RERANK_SYSTEMS = ("http", "http-noop", "rerank-url")  # the systems the rerank benchmark runs on
 
@@ -78,7 +78,7 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
     capture, replay) and the replay is compared with an exact-shape eager forward."""
     import torch
 
-    from bouquet.engine.batch import Batch
+    from bouquet.engine.runtime.batch import Batch
 
     eng = engine_target.engine
     vocab = shape.config["vocab_size"]
@@ -102,15 +102,13 @@ def graph_check(engine_target: EngineTarget, shape: ModelShape, rng: np.random.G
 
 
 # systems that are `bouquet serve` with one option changed: the baselines of those changes
-_SERVE_ARGS = {"http-graph8192": ("--graph-max-tokens", "8192"),  # the graph limit before it became the step budget
-               "http-cublas": ("--no-triton-gemms",)}  # cuBLAS for every GEMM (no split-K, no small qkv / MLP-in, no gate/up + activation)
+_SERVE_ARGS = {"http-cublas": ("--no-triton-gemms",)}  # cuBLAS for every GEMM (no split-K, no small qkv / MLP-in, no gate/up + activation)
 
 
 def _open(system: str, model_dir: Path, opts: BenchOptions, servers: list[ServerProcess]) -> Target:
     if system.startswith("engine") and system in SYSTEMS:
         return EngineTarget(model_dir, opts.device, quantization="fp8" if system.startswith("engine-fp8") else "none",
-                            attention="varlen-flash" if system == "engine-fa2" else None,
-                            fp8_rowwise=system == "engine-fp8-rowwise", cublas=system.endswith("-cublas"))
+                            cublas=system.endswith("-cublas"))
     if system in ("replica", "replica-fp8"):
         from bouquet.bench.replica_target import ReplicaTarget
 

@@ -130,7 +130,7 @@ SHAPES: dict[str, ModelShape] = {
                                                   "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0,
                                                   "eos_token_id": 2}, "mean", 512),
     # all-mpnet-base-v2 / multi-qa-mpnet: bge-base's width with a relative position bias (benchmark 3
-    # puts it next to bge-base: the difference is the cost of biased attention, engine/attention.py)
+    # puts it next to bge-base: the difference is the cost of biased attention, engine/attention/backends.py)
     "mpnet-base": ModelShape("mpnet-base", {**{k: v for k, v in _BERT_BASE.items() if k != "type_vocab_size"},
                                             "model_type": "mpnet", "architectures": ["MPNetModel"],
                                             "vocab_size": 30527, "max_position_embeddings": 514,

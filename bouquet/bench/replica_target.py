@@ -30,7 +30,7 @@ class ReplicaTarget(Target):
 
     def __init__(self, model_dir: Path, device: str, quantization: str = "none", max_batch_tokens: int = 0) -> None:
         from bouquet.config import ServeConfig, batch_token_budget
-        from bouquet.engine.engine import resolve_device
+        from bouquet.engine.runtime.engine import resolve_device
         from bouquet.modelspec import load_spec
         from bouquet.server.main import build_engine
         from bouquet.server.service import InferenceService

@@ -54,38 +54,28 @@ class Target:
 
 
 class EngineTarget(Target):
-    """``quantization="fp8"``: the engine's fp8 path (the issue-14 bar for random weights: cosine
-    ≥ 0.99); its load-time refusal is off here so that the speed is measured whatever the probe
-    cosine, which is recorded as ``fp8_cosine`` (min, mean) next to the rows. ``attention``: an
-    attention backend override (``varlen-flash``: the FlashAttention-2 baseline for ragged batches).
-    ``fp8_rowwise``: fp8 as it ran before deferred scales (row-wise scaled GEMMs from 1,024 tokens,
-    bf16 below; quant.use_rowwise_scales), the baseline of the default fp8 path. ``cublas``: none of
-    the engine's Triton GEMMs (cuBLAS, and ``torch._scaled_mm`` for fp8) (the split-K GEMM of small steps, splitk.py;
-    the fused-epilogue GEMMs of large ones, fused_gemms.py): their baseline."""
+    """``quantization="fp8"``: the engine's fp8 path; its load-time refusal is off here so that the
+    speed is measured whatever the probe cosine, which is recorded as ``fp8_cosine`` (min, mean)
+    next to the rows. ``cublas``: none of the engine's Triton GEMMs (as ``serve --no-triton-gemms``)."""
 
     def __init__(self, model_dir: Path, device: str, eager: bool = False, quantization: str = "none",
-                 attention: str | None = None, fp8_rowwise: bool = False, cublas: bool = False) -> None:
-        from bouquet.engine.engine import Engine, GraphOptions
-        from bouquet.engine.quant import use_rowwise_scales
+                 cublas: bool = False) -> None:
+        from bouquet.engine.runtime.engine import Engine, GraphOptions
         from bouquet.modelspec import load_spec
 
         self.spec = load_spec(str(model_dir))
-        self.engine = Engine(self.spec, device, attention=attention, graphs=GraphOptions(enabled=not eager),
-                             spin_wait=True, quantization=quantization, fp8_min_cosine=0.0,
-                             **(dict(split_k=False, fused_gemms=False, small_gemms=False) if cublas else {}))
-        if fp8_rowwise:
-            use_rowwise_scales(self.engine.model, 1024)
+        self.engine = Engine(self.spec, device, graphs=GraphOptions(enabled=not eager), spin_wait=True,
+                             quantization=quantization, fp8_min_cosine=0.0, triton_gemms=not cublas)
         self.engine.warmup()
         self.fp8_cosine = getattr(self.engine, "fp8_cosine", None)
         self.name = "bouquet-engine" + ("-eager" if eager else "") + ("-fp8" if quantization == "fp8" else "") \
-            + ("-rowwise" if fp8_rowwise else "") + ("-fa2" if attention == "varlen-flash" else "") \
             + ("-cublas" if cublas else "")
         self.tolerance = 0.01 if quantization == "fp8" else 1e-3
         self._lock = threading.Lock()
 
     def embed_ids(self, seqs: list[np.ndarray]) -> np.ndarray:
-        from bouquet.engine.batch import Batch
-        from bouquet.engine.pooling import finalize
+        from bouquet.engine.runtime.batch import Batch
+        from bouquet.engine.heads.pooling import finalize
 
         batch = Batch.pack(seqs)
         with self._lock:

@@ -6,7 +6,7 @@ away, the route, error rendering, metrics and the request's log line (``bouquet.
 of 400 and above at INFO but /health's, the others at DEBUG, each with its request id).
 These were five stacked middlewares plus FastAPI's per-request machinery (dependency solving,
 two ``AsyncExitStack``s, route matching over every route): as much CPU as a small request's own
-work (bench/results/serving-path-cpu.md). FastAPI still holds the OpenAPI description of every
+work (bench/results/cpu-2core.md). FastAPI still holds the OpenAPI description of every
 route and serves ``/openapi.json``, ``/docs`` and the 404/405 answers for anything not routed here.
 
 Cancellation: Starlette does not stop a route whose client disconnected, so an abandoned bulk

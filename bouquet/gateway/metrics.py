@@ -18,7 +18,6 @@ when the launcher is gone (killed with SIGKILL), and the last one out the folder
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -134,41 +133,3 @@ class ReplicaCollector(Collector):
 
 def _buckets(bounds: Any, cumulative: Any, total: int) -> list[tuple[str, float]]:
     return [*((repr(float(b)), float(c)) for b, c in zip(bounds, cumulative)), ("+Inf", float(total))]
-
-
-class MetricsMiddleware:
-    """ASGI middleware: counts requests and times them per route. Pure ASGI (no BaseHTTPMiddleware)
-    so that it adds no task or body copy to the hot path."""
-
-    def __init__(self, app: Any, metrics: GatewayMetrics, routes: frozenset[str]) -> None:
-        self.app, self.metrics, self.routes = app, metrics, routes
-        # Labelled children, looked up once: ``labels()`` takes a lock and builds a key per call.
-        self._latency: dict[str, Any] = {}
-        self._count: dict[tuple[str, str, int], Any] = {}
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in self.routes else "other"
-        status = 500
-
-        async def send_status(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        t0 = time.perf_counter()
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            latency = self._latency.get(route)
-            if latency is None:
-                latency = self._latency[route] = self.metrics.latency.labels(route)
-            latency.observe(time.perf_counter() - t0)
-            key = (route, scope["method"], status)
-            count = self._count.get(key)
-            if count is None:
-                count = self._count[key] = self.metrics.requests.labels(route, scope["method"], str(status))
-            count.inc()

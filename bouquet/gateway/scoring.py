@@ -56,11 +56,6 @@ class Scores:
     tokens: int  # tokens run through the model
 
 
-def score_kind(gw: Gateway) -> str:
-    """'cosine' (embedding model), 'probability' (cross-encoder / LM reranker)."""
-    return "cosine" if gw.spec.task == "embed" else "probability"
-
-
 async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: bool = False, truncate: bool = True,
                       instruction: str | None = None, priority: int = pb.PRIORITY_AUTO,
                       fields: PairFields = PairFields(), side: Side = "right") -> Scores:

@@ -49,7 +49,7 @@ class EmbedJobConfig:
     format: OutputFormat = "parquet"
     dtype: str = "auto"  # compute dtype: auto (bf16 GPU, fp32 CPU) | float32 | float16 | bfloat16
     output_dtype: str = "float32"  # float32 | float16
-    quantization: str = "none"  # none | fp8 (engine/quant.py; ServeConfig.quantization)
+    quantization: str = "none"  # none | fp8 (engine/linear/fp8.py; ServeConfig.quantization)
     triton_gemms: bool = True  # ServeConfig.triton_gemms: the engine's Triton GEMMs on Hopper (False: none)
     device: str = "auto"
     max_batch_tokens: int = 0  # 0 = auto, as the server (config.batch_token_budget)
@@ -129,7 +129,7 @@ def tokenizer_threads(requested: int) -> int:
     pool fed while one of them turns ids into arrays under the GIL, so two suffice, and more slow
     the job down. Measured: on 2 cores, 1-2 threads ≈ 930 rows/s, 4 threads 514; on an H200 host
     (16 cores, bge-base, 100,000 mixed rows) job/engine 0.928 with 2 threads, 0.896 with 4,
-    0.774 with 8, 0.666 with 16 (bench/results/h200-2026-11-30/)."""
+    0.774 with 8, 0.666 with 16 (6603f18:bench/results/h200-2026-11-30/)."""
     return requested or 2
 
 
@@ -151,12 +151,12 @@ def build_job_engine(spec: Any, device: str, dtype: str, max_batch_tokens: int, 
     but a job's budget may be larger): a job's batches are all near the budget,
     so a few buckets cover them, and a replay costs the launching thread microseconds instead of
     the ~100 kernel launches of an eager step, while tokenization keeps every other core busy."""
-    from bouquet.engine.engine import Engine, GraphOptions, resolve_device
+    from bouquet.engine.runtime.engine import Engine, GraphOptions, resolve_device
 
     dev = resolve_device(device)
     budget = batch_token_budget(max_batch_tokens, dev.type, spec.max_seq_length)
     return Engine(spec, device, dtype, graphs=GraphOptions(max_tokens=budget, max_seqs=max_batch_seqs),
-                  quantization=quantization, **({} if triton_gemms else dict(split_k=False, fused_gemms=False, small_gemms=False)))
+                  quantization=quantization, triton_gemms=triton_gemms)
 
 
 class _Producer(threading.Thread):
@@ -250,8 +250,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     """
     import torch
 
-    from bouquet.engine.engine import resolve_device, resolve_dtype
-    from bouquet.engine.pooling import finalize
+    from bouquet.engine.runtime.engine import resolve_device, resolve_dtype
+    from bouquet.engine.heads.pooling import finalize
     from bouquet.tokenization import TextTokenizer, resolve_prompt
     from bouquet.modelspec import load_spec
 

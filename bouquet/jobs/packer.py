@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from bouquet.engine.batch import Batch
+from bouquet.engine.runtime.batch import Batch
 from bouquet.packing import PackQueue, Slice
 
 

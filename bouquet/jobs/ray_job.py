@@ -78,7 +78,7 @@ class EmbedActor:
         self.budget = batch_token_budget(cfg.max_batch_tokens, self.engine.device.type, spec.max_seq_length)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from bouquet.engine.pooling import finalize
+        from bouquet.engine.heads.pooling import finalize
         from bouquet.jobs.packer import Group, Packer, drain, run_pipelined
         from bouquet.jobs.writer import vector_array
 
@@ -116,7 +116,7 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
         import ray
     except ImportError as e:
         raise ImportError("--ray needs Ray Data: pip install 'bouquet[ray]'") from e
-    from bouquet.engine.engine import resolve_dtype
+    from bouquet.engine.runtime.engine import resolve_dtype
     from bouquet.modelspec import load_spec
     from bouquet.tokenization import resolve_prompt
 

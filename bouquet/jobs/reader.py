@@ -9,7 +9,6 @@ What this module does not own: tokenization, the embedding pipeline, output file
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal
@@ -271,7 +270,3 @@ def estimate_rows(files: list[InputFile]) -> int:
         lines += last != b"\n"
         total += max(lines - (f.fmt in ("csv", "tsv")), 0)
     return total
-
-
-def input_bytes(files: list[InputFile]) -> int:
-    return sum(os.path.getsize(f.path) for f in files)

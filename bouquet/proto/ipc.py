@@ -3,7 +3,7 @@
 gRPC (``bouquet.proto``) stays the protocol to a replica on another machine (``--server
 HOST:PORT``). Replicas that ``bouquet serve`` starts itself are reached this way instead: each
 gateway worker holds one Unix-socket connection per replica, read on its event loop, and so does
-the replica. Measured on the CI machine (bench/results/serving-path-cpu.md): a round trip costs
+the replica. Measured on the CI machine (bench/results/cpu-2core.md): a round trip costs
 48 µs against 148 µs for ZeroMQ's DEALER/ROUTER over ``ipc://`` (two I/O-thread hops each way) and
 ~400 µs of CPU per side for a Python gRPC call.
 

@@ -4,7 +4,7 @@ Each gateway worker keeps one connection; frames are read on the replica's event
 ``asyncio.Protocol``, so a call costs no task, no future and no thread hop: it is decoded,
 validated (``decode_sequences``, as on the gRPC path) and queued with the service, and the
 scheduler's completion callback writes the reply. That is what takes a Python gRPC call's cost
-off every request (bench/results/serving-path-cpu.md). A connection that closes (its gateway
+off every request (bench/results/cpu-2core.md). A connection that closes (its gateway
 worker exited) drops the queued sequences of its calls, as a cancelled gRPC call does.
 
 What this module does not own: batching and the engine (service.py, scheduler.py), health and

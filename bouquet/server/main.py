@@ -30,7 +30,7 @@ from bouquet.proto.rpc import SERVER_OPTIONS, ApiKeyInterceptor, add_health, add
 from bouquet.server.service import InferenceService
 
 if TYPE_CHECKING:
-    from bouquet.engine.contract import StepEngine
+    from bouquet.engine.runtime.contract import StepEngine
 
 log = logging.getLogger("bouquet.server")
 
@@ -47,7 +47,7 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     else:
         import torch  # the server process is where torch lives; imported after argument parsing
 
-        from bouquet.engine.engine import resolve_device
+        from bouquet.engine.runtime.engine import resolve_device
 
         dev = resolve_device(device or cfg.device)
         if dev.type == "cuda" and dev.index is not None:
@@ -111,17 +111,16 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
 def build_engine(cfg: ServeConfig, spec: ModelSpec, device: str | None) -> "StepEngine":
     """The replica's engine: the model on ``device`` (or the config's), or the no-op engine."""
     if cfg.engine == "noop":
-        from bouquet.engine.noop import NoopEngine
+        from bouquet.engine.runtime.noop import NoopEngine
 
         return NoopEngine(spec)
-    from bouquet.engine.engine import Engine, GraphOptions
-    from bouquet.engine.weights import load_weights
+    from bouquet.engine.runtime.engine import Engine, GraphOptions
+    from bouquet.engine.models.weights import load_weights
 
     # Without --allow-pickle the engine reads safetensors itself; with it the checkpoint may be pickled.
     state = load_weights(spec.path, allow_pickle=True) if cfg.allow_pickle else None
     return Engine(spec, device or cfg.device, cfg.dtype, state=state, graphs=GraphOptions.from_config(cfg),
-                  spin_wait=cfg.spin_wait, quantization=cfg.quantization,
-                  **({} if cfg.triton_gemms else dict(split_k=False, fused_gemms=False, small_gemms=False)))
+                  spin_wait=cfg.spin_wait, quantization=cfg.quantization, triton_gemms=cfg.triton_gemms)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from bouquet.config import MAX_BATCH_SEQS
-from bouquet.engine.batch import Batch
+from bouquet.engine.runtime.batch import Batch
 from bouquet.packing import PackQueue, cumulative
 
 

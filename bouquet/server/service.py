@@ -4,7 +4,7 @@ The engine loop keeps up to ``depth`` batches in flight: it launches batch N+1 (
 returns a lazy handle at once on CUDA) before it waits for batch N, and waits in a helper thread
 so the asyncio loop keeps serving gRPC. Cheap steps (a CUDA-graph replay, the no-op engine) run on
 the loop: no thread hop to launch them. The engine is anything implementing
-``bouquet.engine.contract.StepEngine``. What this module does not own: batching policy
+``bouquet.engine.runtime.contract.StepEngine``. What this module does not own: batching policy
 (scheduler.py), model math (engine/), HTTP and tokenization (gateway/).
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import grpc
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.engine.batch import Batch
-from bouquet.engine.contract import ResultHandle, StepEngine
-from bouquet.engine.pooling import finalize
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.contract import ResultHandle, StepEngine
+from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler
@@ -275,7 +275,7 @@ class InferenceService:
         finished handle is read on the loop, a running one waited for in a helper thread, except
         a graph replay with nothing else queued or in flight, waited for on the loop (nothing could
         run meanwhile, and the two thread hops are much of a small model's batch-1 latency).
-        Tried on the H200 and not done (bench/results/h200-2026-11-30b/README.md): a loop that
+        Tried on the H200 and not done (6603f18:bench/results/h200-2026-11-30b/README.md): a loop that
         polled the device with ``sleep(0)`` starved gRPC's own thread of the GIL, and launching
         work that arrives during a wait at once (instead of after it) lowered served throughput.
         """

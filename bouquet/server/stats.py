@@ -11,7 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from bouquet.engine.contract import StepEngine
+from bouquet.engine.runtime.contract import StepEngine
 from bouquet.proto import bouquet_pb2 as pb
 
 # Tokens per engine step: the CUDA-graph buckets (multiples of 64 to 1,024, of 256 above) fall in these.

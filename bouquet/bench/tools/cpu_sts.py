@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from bouquet.engine.batch import Batch
-    from bouquet.engine.engine import Engine
-    from bouquet.engine.pooling import finalize
+    from bouquet.engine.runtime.batch import Batch
+    from bouquet.engine.runtime.engine import Engine
+    from bouquet.engine.heads.pooling import finalize
     from bouquet.tokenization import TextTokenizer
     from bouquet.modelspec import load_spec
 

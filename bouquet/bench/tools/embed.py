@@ -47,7 +47,7 @@ def write_mixed(path: Path, rows: int, min_tokens: int, max_tokens: int, seed: i
 
 def engine_rows_per_s(engine: object, seqs: list, budget: int, max_seqs: int, normalize: bool) -> float:
     """Rows/s of the bare engine over pre-tokenized ``seqs`` (synchronizes at the end)."""
-    from bouquet.engine.pooling import finalize
+    from bouquet.engine.heads.pooling import finalize
     from bouquet.jobs.packer import Group, Packer, drain, run_pipelined
 
     group = Group(seqs, None, engine.out_dim)  # type: ignore[attr-defined]
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from bouquet.bench.models import SHAPES, TINY_BERT, make_model_dir
-    from bouquet.engine.engine import resolve_device, resolve_dtype
-    from bouquet.engine.noop import NoopEngine
+    from bouquet.engine.runtime.engine import resolve_device, resolve_dtype
+    from bouquet.engine.runtime.noop import NoopEngine
     from bouquet.tokenization import TextTokenizer
     from bouquet.config import batch_token_budget
     from bouquet.jobs.embed_job import (build_job_engine, cpu_threads, reserve_cores_for_engine,

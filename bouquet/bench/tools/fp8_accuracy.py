@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from bouquet.bench.sts import read_sts
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
-from bouquet.engine.quant import set_fp8_min_tokens
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.linear.fp8 import set_fp8_min_tokens
 from bouquet.modelspec import load_spec, resolve_model_path
 
 REPO = Path(__file__).resolve().parents[3]  # the source checkout (tests/data)

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from bouquet.bench.tools.embed import engine_rows_per_s
-    from bouquet.engine.engine import Engine
+    from bouquet.engine.runtime.engine import Engine
 
     engine = Engine(spec, a.device)
     engine.warmup()

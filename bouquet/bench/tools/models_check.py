@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 
-from bouquet.engine.batch import Batch  # noqa: E402
-from bouquet.engine.engine import Engine  # noqa: E402
+from bouquet.engine.runtime.batch import Batch  # noqa: E402
+from bouquet.engine.runtime.engine import Engine  # noqa: E402
 from bouquet.modelspec import spec_from_config  # noqa: E402
 
 COSINE_MIN = 0.999

@@ -1,19 +1,19 @@
 """The model contract: what a class under ``engine/models/`` provides to the engine.
 
-The engine (``engine/engine.py``) builds a model on the meta device from config.json, assigns the
-checkpoint's tensors by name (``engine/weights.py``), moves it to the device and dtype, calls
-``fuse()`` once, then per batch calls ``forward`` on packed tokens and ``head`` on the pooled
-rows (pooling itself is ``engine/pooling.py``'s, chosen by the model spec). A model never sees
+The engine (``engine/runtime/engine.py``) builds a model on the meta device from config.json, assigns the
+checkpoint's tensors by name (``engine/models/weights.py``), moves it to the device and dtype, calls
+``fuse()`` once, gives each ``linear.Linear`` its method (the kernel plan), then per batch calls ``forward`` on packed tokens and ``head`` on the pooled
+rows (pooling itself is ``engine/heads/pooling.py``'s, chosen by the model spec). A model never sees
 requests, padding or masks.
 
-Which architecture string maps to which class is the family table's (``engine/families.py``).
+Which architecture string maps to which class is the family table's (``bouquet/families.py``).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttnMeta
+from bouquet.engine.attention.backends import AttnMeta
 
 
 class PackedModel(nn.Module):
@@ -27,6 +27,8 @@ class PackedModel(nn.Module):
     PREFIXES      checkpoint name prefixes stripped when the module lacks them (``bert.``,
                   ``model.``), so base-model and task-model checkpoints both load
     causal        whether attention is causal (decoders; may depend on the config)
+    layer_windows per layer, the sliding-window half-width its attention uses (None: global);
+                  () when every layer is global
 
     Constructor: ``cls(cfg, attn, **extra)`` with config.json as a dict and the engine's attention
     backend; ``extra`` is ``yes_no_ids`` for yes/no rerankers. Raises ValueError for a config
@@ -36,6 +38,7 @@ class PackedModel(nn.Module):
     IGNORED_KEYS: tuple[str, ...] = ()
     PREFIXES: tuple[str, ...] = ()
     causal: bool = False
+    layer_windows: tuple[int | None, ...] = ()
 
     def fuse(self) -> None:
         """Called once after the weights are loaded and moved to the device: build the fused

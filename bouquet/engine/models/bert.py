@@ -3,25 +3,23 @@
 Parameter names are Hugging Face's (``transformers/models/bert/modeling_bert.py``) so checkpoints
 load by name. Input is flat: ``input_ids [T]``, ``position_ids [T]``, ``token_type_ids [T]``;
 attention runs per sequence through the engine's backend (``cu_seqlens``). No padding, no masks,
-no pooling here (``engine/pooling.py`` owns that); ``head`` maps pooled rows to the output.
+no pooling here (``engine/heads/pooling.py`` owns that); ``head`` maps pooled rows to the output.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of, family, num_labels
-from bouquet.engine.layers import activation, fuse_linears
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.families import architecture_of, family, num_labels
+from bouquet.engine.kernels.rows import QRows, dense_rows
+from bouquet.engine.kernels.layers import activation, fuse_linears
+from bouquet.engine.linear.base import Linear
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.fp8_rows import QRows, dense_rows, materialize
-from bouquet.engine.fused_gemms import small_linear
-from bouquet.engine.ops import FP8_ACTS, act_quant, add_layer_norm, linear_gelu, quantize_rows
-from bouquet.engine.quant import Projection
-
+from bouquet.engine.kernels.ops import add_layer_norm
 
 
 class BertEmbeddings(nn.Module):
@@ -79,21 +77,14 @@ class PostNormLayer(nn.Module):
     """
 
     p: LayerParts  # the submodules, set by fuse() (plain attribute: not registered twice)
-    # --quantization fp8 runs only qkv in fp8 here: on the H200 it is the one matmul whose fp8
-    # version makes a bge-base step faster (64 × 512 tokens: 11.5 ms vs 12.2 bf16; with the MLP in
-    # fp8 too 12.0 ms, as the GELU leaves the GEMM epilogue for a separate pass) and it moves the
-    # vectors least (cosine vs bf16 ≥ 0.9996; bench/results/h200-2026-11-30e/).
-    # fp8 on q/k/v only. The MLP too was measured (bench/results/h200-2026-12-01c): with the faster
-    # activation + cast kernel a bge-base step is no faster (16k-token graph replay 5.74 vs 6.14 ms
-    # bf16, but throughput 5,273 vs 5,290 emb/s; batch 1 +1-4% GPU time), the cosine to bf16 falls
-    # from 0.9996 to 0.9974, and the real all-MiniLM-L6-v2 misses the load check (0.9943 < 0.995).
+    # --quantization fp8 runs only qkv in fp8 here (docs/decisions.md, "the kernel plan": the MLP in
+    # fp8 too was no faster and moved the vectors more)
     FP8_KINDS: tuple[str, ...] = ("qkv",)
     # the layer's four matmuls (qkv fused: weight [3h, h], bias [3h]); set by fuse()
-    qkv: Projection
-    o: Projection
-    up: Projection
-    down: Projection
-    small_gemms = False  # the engine's choice (Engine(small_gemms=...)): small steps' up + bias + act as one GEMM
+    qkv: Linear
+    o: Linear  # read by add + LayerNorm only
+    up: Linear  # with the activation: read by the down projection
+    down: Linear  # read by add + LayerNorm only
 
     def __init__(self, hidden: int, num_heads: int, act_name: str) -> None:
         super().__init__()
@@ -110,13 +101,12 @@ class PostNormLayer(nn.Module):
         self.p = self.parts()
         w, b = fuse_linears(self.p.q, self.p.k, self.p.v)
         assert b is not None  # these encoders' projections always carry biases
-        self.qkv = Projection(w, b, "qkv")
-        # o and down are read by add + LayerNorm only (fp8 scales deferred, split-K parts added
-        # there: quant.py, splitk.py), up by the activation (fp8 scales deferred)
-        self.o, self.up, self.down = (Projection.of(m, k, defer=True, split_k=k != "up")
-                                      for m, k in ((self.p.o, "o"), (self.p.up, "up"), (self.p.down, "down")))
+        self.qkv = Linear(w, b, "qkv")
+        self.o = Linear.of(self.p.o, "o", readers="norm")
+        self.up = Linear.of(self.p.up, "up", readers="act", act=self.act_name)
+        self.down = Linear.of(self.p.down, "down", readers="norm")
 
-    def projections(self) -> list[Projection]:
+    def linears(self) -> list[Linear]:
         return [self.qkv, self.o, self.up, self.down]
 
     def forward(self, x: "torch.Tensor | QRows", attn: AttentionBackend, meta: AttnMeta,
@@ -124,30 +114,17 @@ class PostNormLayer(nn.Module):
         """x [T, hidden] → [T, hidden] in the model dtype; ``bias`` [H, L, L]: an additive score
         bias by in-sequence positions (MPNet's relative positions; ``AttentionBackend.attend``).
 
-        fp8 (quant.py): each kernel that writes a matmul's input writes it in fp8 when that
-        matmul runs in fp8 for this step's size. The output is then QRows whose ``dense`` is the
-        model-dtype output, so the next layer's qkv GEMM reads the fp8 rows the last norm kernel
-        wrote; a model-dtype input is quantized here (the first layer's)."""
+        Each kernel that writes a matmul's input writes it in the form that matmul reads (fp8 rows
+        where it runs in fp8: linear/base.py); the output is QRows whose ``dense`` is the model-dtype
+        output when the next layer's qkv reads fp8."""
         T, h = x.shape
         p = self.p
-        if self.qkv.use_fp8(T) and not isinstance(x, QRows):
-            x = replace(quantize_rows(x), dense=x)
-        elif not self.qkv.use_fp8(T):
-            x = dense_rows(x)
+        x = self.qkv.rows(x)
         q, k, v = self.qkv(x).view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, D] each
         a = attn.attend(q, k, v, meta, bias=bias).reshape(T, h)  # [T, hidden]
-        a = quantize_rows(a) if self.o.use_fp8(T) else a  # FlashAttention / cuDNN write bf16: one cast pass
-        x = add_layer_norm(self.o(a), dense_rows(x), p.attn_norm, self.up.use_fp8(T))  # one fused kernel on CUDA
-        down8 = self.down.use_fp8(T)
-        if self.up.use_fp8(T):  # up GEMM (bias in its epilogue), then the activation and the fp8 cast in one kernel
-            u = self.up(x)
-            g = act_quant(u, FP8_ACTS[self.act_name]) if down8 else activation(self.act_name)(materialize(u))
-        else:
-            xd = dense_rows(x)
-            g = small_linear(xd, p.up.weight, p.up.bias, self.act_name) if self.small_gemms else None  # ≤ 128 tokens
-            g = linear_gelu(xd, p.up, self.act_name) if g is None else g  # [T, intermediate]
-            g = quantize_rows(g) if down8 else g
-        return add_layer_norm(self.down(g), dense_rows(x), p.out_norm, self.qkv.use_fp8(T))
+        x = add_layer_norm(self.o(self.o.rows(a)), dense_rows(x), p.attn_norm, self.up.reads_fp8(T))
+        g = self.up(x, quantize_out=self.down.reads_fp8(T))  # [T, intermediate]
+        return add_layer_norm(self.down(g), dense_rows(x), p.out_norm, self.qkv.reads_fp8(T))
 
 
 def modules(**children: nn.Module) -> nn.ModuleDict:

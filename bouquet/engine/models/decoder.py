@@ -30,14 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of
-from bouquet.engine.layers import RMSNorm, fuse_linears, rope_theta
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.families import architecture_of
+from bouquet.engine.kernels.layers import RMSNorm, fuse_linears, rope_theta
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.fp8_rows import QRows, ScaledRows
-from bouquet.engine.fused_gemms import SMALL_MAX_TOKENS, gate_up_act, small_gate_up_act
-from bouquet.engine.ops import add_rms_norm, gelu_tanh_mul, qk_norm_rope, quantize_rows, rope_tables, silu_mul
-from bouquet.engine.quant import Projection
+from bouquet.engine.kernels.rows import QRows, ScaledRows
+from bouquet.engine.linear.base import Linear
+from bouquet.engine.kernels.ops import add_rms_norm, qk_norm_rope, rope_tables
 from bouquet.modelspec import is_causal
 
 
@@ -93,8 +92,8 @@ def _full_attention(cfg: dict[str, Any], name: str, **facts: Any) -> DecoderFact
 
 
 class DecoderAttention(nn.Module):
-    qkv: Projection  # weight [(H + 2·Hkv)·D, hidden], bias: set by fuse()
-    o: Projection  # o_proj; set by fuse()
+    qkv: Linear  # weight [(H + 2·Hkv)·D, hidden], bias: set by fuse()
+    o: Linear  # o_proj, read by add + RMSNorm only; set by fuse()
     qk_weight: torch.Tensor | None  # [2, head_dim]: q_norm, k_norm weights (None: no q/k norm); set by fuse()
 
     def __init__(self, cfg: dict[str, Any], f: DecoderFacts) -> None:
@@ -116,8 +115,8 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps, f.unit_offset)
 
     def fuse(self) -> None:
-        self.qkv = Projection(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
-        self.o = Projection.of(self.o_proj, "o", defer=True, split_k=True)  # read by add + RMSNorm only
+        self.qkv = Linear(*fuse_linears(self.q_proj, self.k_proj, self.v_proj), "qkv")
+        self.o = Linear.of(self.o_proj, "o", readers="norm")
         self.qk_weight = None
         if self.q_norm is not None and self.q_scale != 1.0:
             # q · c with the default scale equals q with scale c·head_dim**-0.5: scale the norm's
@@ -137,12 +136,12 @@ class DecoderAttention(nn.Module):
         q, k, v = qk_norm_rope(qkv, self.q_norm, self.k_norm, cos, sin, self.num_heads, self.num_kv_heads,
                                self.head_dim, self.qk_weight)
         a = attn.attend(q, k, v, meta, window).reshape(T, self.num_heads * self.head_dim)
-        return self.o(quantize_rows(a) if self.o.use_fp8(T) else a)  # FlashAttention writes bf16: one cast pass
+        return self.o(self.o.rows(a))  # attention writes the model dtype: one cast pass where o reads fp8
 
 
 class DecoderMLP(nn.Module):
-    gate_up: Projection  # [2i, h]: gate rows, then up rows; set by fuse()
-    down: Projection  # down_proj; set by fuse()
+    gate_up: Linear  # [2i, h]: gate rows, then up rows, with act(gate) · up; set by fuse()
+    down: Linear  # down_proj, read by the next add + RMSNorm only; set by fuse()
 
     def __init__(self, cfg: dict[str, Any], f: DecoderFacts) -> None:
         super().__init__()
@@ -150,38 +149,23 @@ class DecoderMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
-        self.act_mul = gelu_tanh_mul if f.gelu else silu_mul
         self.act = "gelu_tanh" if f.gelu else "silu"
-        self.fused_gemms = False  # the engine's choice (Engine(fused_gemms=...)): gate/up + act as one GEMM
-        self.small_gemms = False  # the same for steps of at most SMALL_MAX_TOKENS (Engine(small_gemms=...))
 
     def fuse(self) -> None:
-        # deferred fp8 scales (quant.py): gate_up is read by the gated activation only, down by the
-        # next add + RMSNorm (the next layer's, the final norm, or Gemma's post-MLP norm), which
-        # also adds up split-K parts (splitk.py)
-        self.gate_up = Projection(fuse_linears(self.gate_proj, self.up_proj)[0], None, "up", defer=True)
-        self.down = Projection.of(self.down_proj, "down", defer=True, split_k=True)
+        # down is read by the next add + RMSNorm (the next layer's, the final norm, or Gemma's
+        # post-MLP norm), gate_up by its own gated activation
+        self.gate_up = Linear(fuse_linears(self.gate_proj, self.up_proj)[0], None, "up", readers="act", gated=self.act)
+        self.down = Linear.of(self.down_proj, "down", readers="norm")
 
     def forward(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows":
-        """x [T, hidden] (QRows when gate_up runs in fp8) → [T, hidden] (ScaledRows when down runs
-        in fp8); the activation kernel writes fp8 rows when down runs in fp8. Large bf16/fp16 steps
-        with ``fused_gemms`` (small ones with ``small_gemms``): the activation in gate/up's GEMM
-        epilogue (fused_gemms.py)."""
-        fp8_down = self.down.use_fp8(x.shape[0])
-        small = x.shape[0] <= SMALL_MAX_TOKENS
-        if (self.small_gemms if small else self.fused_gemms) and not fp8_down and isinstance(x, torch.Tensor):
-            fn = small_gate_up_act if small else gate_up_act
-            h = fn(x, self.gate_up.weight, self.act)  # None where it does not apply
-            if h is not None:
-                return self.down(h)
-        return self.down(self.act_mul(self.gate_up(x), fp8_down))  # gate_up [T, 2i]
+        """x [T, hidden] (QRows when gate_up reads fp8) → [T, hidden] (ScaledRows when down runs
+        in fp8); the activation writes fp8 rows when down reads them."""
+        return self.down(self.gate_up(x, quantize_out=self.down.reads_fp8(x.shape[0])))
 
 
 class DecoderLayer(nn.Module):
-    # --quantization fp8 runs the MLP (gate/up and down: 9 of Qwen3-0.6B's 15M weights per layer)
-    # in fp8 and keeps qkv and o in bf16: with qkv in fp8 too a random Qwen3-0.6B's vectors fall to
-    # cosine 0.990 against bf16 (the issue-14 bar is 0.99), with the MLP alone 0.9966; a 64 × 512
-    # step takes 52.8 ms vs 60.6 bf16 (all four: 45.9; bench/results/h200-2026-11-30e/).
+    # --quantization fp8 runs the MLP (gate/up and down) in fp8, qkv and o in bf16: with qkv in fp8
+    # too the vectors move more than the gate allows (docs/decisions.md, "the kernel plan")
     FP8_KINDS: tuple[str, ...] = ("up", "down")
 
     def __init__(self, cfg: dict[str, Any], f: DecoderFacts, window: int | None) -> None:
@@ -201,7 +185,7 @@ class DecoderLayer(nn.Module):
         self.self_attn.fuse()
         self.mlp.fuse()
 
-    def projections(self) -> list[Projection]:
+    def linears(self) -> list[Linear]:
         a, m = self.self_attn, self.mlp
         return [a.qkv, a.o, m.gate_up, m.down]
 
@@ -210,12 +194,12 @@ class DecoderLayer(nn.Module):
         """(x, residual) [T, hidden] → (this layer's MLP output, the residual stream before it).
 
         The residual add is deferred into the next norm (one fused kernel for add + RMSNorm);
-        the sums are the same values HF's ``residual + hidden_states`` produces. In fp8 (quant.py)
+        the sums are the same values HF's ``residual + hidden_states`` produces. In fp8 (linear/fp8.py)
         the norms before a GEMM write its fp8 rows directly."""
         T = x.shape[0]
-        h, residual = add_rms_norm(x, residual, self.input_layernorm, self.self_attn.qkv.use_fp8(T))
+        h, residual = add_rms_norm(x, residual, self.input_layernorm, self.self_attn.qkv.reads_fp8(T))
         h = self.self_attn(h, cos, sin, attn, meta, self.window)
-        mlp8 = self.mlp.gate_up.use_fp8(T)
+        mlp8 = self.mlp.gate_up.reads_fp8(T)
         if not self.sandwich:
             h, residual = add_rms_norm(h, residual, self.post_attention_layernorm, mlp8)
             return self.mlp(h), residual
@@ -248,6 +232,7 @@ class DecoderModel(PackedModel):
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6), f.unit_offset)
         self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         self.thetas = f.thetas
+        self.layer_windows = f.windows
         self.embed_scale = f.embed_scale
         self.attn = attn
         self.causal = is_causal(cfg)

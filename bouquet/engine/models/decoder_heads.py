@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.families import architecture_of
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
 from bouquet.engine.models.decoder import DecoderModel, Gemma3TextModel, MistralModel, Qwen2Model, Qwen3Model

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.fp8_rows import dense_rows
+from bouquet.engine.kernels.rows import dense_rows
 from bouquet.engine.models.bert import (BertEmbeddings, BertForSequenceClassification, LayerParts, PostNormLayer, modules,
                                          num_labels)
 

@@ -3,7 +3,7 @@
 opensearch-neural-sparse-encoding-doc-v2-distill).
 
 ``forward`` returns the vocabulary logits of every token, [T, vocab]; the SPLADE pooling
-(``engine/pooling.py``: log(1 + relu(logits)), max over each sequence's tokens) turns them into
+(``engine/heads/pooling.py``: log(1 + relu(logits)), max over each sequence's tokens) turns them into
 one vocabulary-sized row per sequence. Parameter names and the head follow Hugging Face's
 ``BertForMaskedLM`` (``transformers/models/bert/modeling_bert.py``: ``cls.predictions.transform``
 dense → activation → LayerNorm, then the decoder tied to the word embeddings plus
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.layers import activation
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.engine.kernels.layers import activation
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import BertModel, dense_norm
 from bouquet.engine.models.distilbert import DistilBertModel

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.layers import activation
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.engine.kernels.layers import activation
+from bouquet.engine.linear.base import Linear
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.models.bert import num_labels
-from bouquet.engine.ops import add_layer_norm_pre, gelu_mul, gelu_tanh_mul, qk_norm_rope, rope_tables, silu_mul
+from bouquet.engine.kernels.ops import add_layer_norm_pre, qk_norm_rope, rope_tables
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 
@@ -80,20 +81,24 @@ class ModernBertAttention(nn.Module):
         self.Wo = nn.Linear(h, h, bias=bias)
         self.window = window  # half-width of a local layer's band; None: global
 
+    def fuse(self) -> None:
+        self.qkv = Linear.of(self.Wqkv, "qkv")  # [3·hidden, hidden]: read by rotary, then attention
+        self.o = Linear.of(self.Wo, "o")  # read by add_layer_norm_pre (model-dtype rows only)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
                 meta: AttnMeta) -> torch.Tensor:
         """x [T, hidden] → [T, hidden]; cos/sin [T, head_dim/2] float32 of this layer's rope base."""
         T, h = x.shape
-        qkv = self.Wqkv(x)  # [T, 3·hidden]: q, k, v rows, the layout qk_norm_rope reads
+        qkv = self.qkv(self.qkv.rows(x))  # [T, 3·hidden]: q, k, v rows, the layout qk_norm_rope reads
         # Rotary only (no q/k norm): one in-place kernel on CUDA, eager PyTorch elsewhere.
         q, k, v = qk_norm_rope(qkv, None, None, cos, sin, self.num_heads, self.num_heads, self.head_dim)
         a = attn.attend(q, k, v, meta, window=self.window)  # [T, H, D]
-        return self.Wo(a.reshape(T, h))
+        return self.o(self.o.rows(a.reshape(T, h)))
 
 
-# act(input) · gate of Wi's output [T, 2I] (input rows first), by ``hidden_activation``: one
-# kernel on CUDA (ops), eager elsewhere.
-GATED = {"gelu": gelu_mul, "gelu_pytorch_tanh": gelu_tanh_mul, "gelu_new": gelu_tanh_mul, "silu": silu_mul}
+# act(input) · gate of Wi's output [T, 2I] (input rows first), by ``hidden_activation``: the
+# kernels' activation names (linear.Linear's ``gated``)
+GATED = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "silu": "silu"}
 
 
 class ModernBertMLP(nn.Module):
@@ -106,13 +111,24 @@ class ModernBertMLP(nn.Module):
         act = cfg.get("hidden_activation", "gelu")
         if act not in GATED:
             raise ValueError(f"ModernBERT hidden_activation {act!r} is not supported; supported: {sorted(GATED)}")
-        self.gated = GATED[act]
+        self.act = GATED[act]
+
+    def fuse(self) -> None:
+        self.up = Linear(self.Wi.weight, self.Wi.bias, "up", readers="act", gated=self.act, module=self.Wi)
+        self.down = Linear.of(self.Wo, "down")  # read by add_layer_norm_pre (model-dtype rows only)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.Wo(self.gated(self.Wi(x)))  # Wi [T, 2I] → [T, I] → [T, hidden]
+        """x [T, hidden] → Wo(act(input) · gate) [T, hidden]."""
+        g = self.up(self.up.rows(x), quantize_out=self.down.reads_fp8(x.shape[0]))  # [T, I]
+        return self.down(g)
 
 
 class ModernBertEncoderLayer(nn.Module):
+    # --quantization fp8 runs the GeGLU MLP (Wi, Wo) in fp8, as the decoders do theirs (accuracy-gated
+    # at load like every family); their inputs are quantized by a pass of their own (the LayerNorm
+    # kernel here writes the model dtype only) and their outputs scaled in the GEMM
+    FP8_KINDS: tuple[str, ...] = ("up", "down")
+
     def __init__(self, cfg: dict[str, Any], index: int, kind: str) -> None:
         super().__init__()
         # Layer 0 reads the embedding LayerNorm's output directly (HF: nn.Identity, no weights).
@@ -121,6 +137,9 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp_norm = _layer_norm(cfg)
         self.mlp = ModernBertMLP(cfg)
         self.kind = kind
+
+    def linears(self) -> list[Linear]:
+        return [self.attn.qkv, self.attn.o, self.mlp.up, self.mlp.down]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend, meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,6 +180,12 @@ class ModernBertModel(PackedModel):
         self.head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
         self.thetas = rope_thetas(cfg)
         self.attn = attn
+        self.layer_windows = tuple(layer.attn.window for layer in self.layers)
+
+    def fuse(self) -> None:
+        for layer in self.layers:
+            layer.attn.fuse()
+            layer.mlp.fuse()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 meta: AttnMeta) -> torch.Tensor:
@@ -203,6 +228,9 @@ class ModernBertForSequenceClassification(PackedModel):
         # PackedModel method, since a class attribute wins over nn.Module's submodule lookup.
         self._modules["head"] = ModernBertPredictionHead(cfg)
         self.classifier = nn.Linear(cfg["hidden_size"], num_labels(cfg))
+
+    def fuse(self) -> None:
+        self.model.fuse()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                 meta: AttnMeta) -> torch.Tensor:

@@ -8,9 +8,9 @@ layers (``bert.PostNormLayer``) under MPNet's names (``attention.attn.q/k/v/o``,
   buckets: 16 per direction, 8 exact, log-spaced up to distance 128; HF always buckets with 32,
   whatever the config says), the same for every layer; built once per forward as an [H, L, L]
   table for the batch's longest sequence L and handed to the attention backend (see
-  ``engine/attention.py`` for how each backend applies it and what it costs on the GPU);
+  ``engine/attention/backends.py`` for how each backend applies it and what it costs on the GPU);
 - positions start after the padding row like RoBERTa (``padding_idx + 1`` = 2;
-  ``positions_after_padding`` in engine/families.py);
+  ``positions_after_padding`` in families.py);
 - no token types; the classifier is RoBERTa's (dense → tanh → out_proj on the first token).
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.attention import AttentionBackend, AttnMeta
-from bouquet.engine.families import architecture_of, family
+from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
+from bouquet.families import architecture_of, family
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.fp8_rows import dense_rows
+from bouquet.engine.kernels.rows import dense_rows
 from bouquet.engine.models.bert import BertEmbeddings, LayerParts, PostNormLayer, dense_norm, modules
 from bouquet.engine.models.xlm_roberta import XLMRobertaForSequenceClassification
 

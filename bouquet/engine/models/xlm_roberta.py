@@ -5,7 +5,7 @@ Same layers as BERT (``bert.py``); what differs, following HF
 ``transformers/models/xlm_roberta/modeling_xlm_roberta.py``:
 - positions start at ``padding_idx + 1`` (``create_position_ids_from_input_ids``): token i of a
   sequence reads ``position_embeddings[pad_token_id + 1 + i]``; with 514 rows and pad 1 the
-  longest sequence is 512 tokens (``positions_after_padding`` in engine/families.py: the
+  longest sequence is 512 tokens (``positions_after_padding`` in families.py: the
   embedding offset and the spec's limit both come from that row);
 - checkpoint names carry ``roberta.`` in task models;
 - the classification head is dense → tanh → out_proj on the ``<s>`` row, without a pooler.
@@ -21,7 +21,7 @@ from bouquet.engine.models.bert import BertForSequenceClassification, BertModel,
 
 
 class XLMRobertaModel(BertModel):
-    """Embedding model: hidden states [T, hidden]; pooling happens outside (engine/pooling.py)."""
+    """Embedding model: hidden states [T, hidden]; pooling happens outside (engine/heads/pooling.py)."""
 
     PREFIXES: tuple[str, ...] = ("roberta.", "model.")
 

@@ -12,14 +12,8 @@ the GPU starts after the first layer's launch and each later launch finishes whi
 running the segment before it (a layer's kernels take the GPU ≥ 3× longer than their launch).
 The segments share the pool and are captured in the order they replay, which is what makes
 memory shared between them safe (tensors crossing a cut, like the residual stream, stay allocated).
-Measured in one process, engines alive at once and stepped in turn (bench/results/h200-2026-12-01g,
-call 8; the host there ~2.5× slower per step than with one engine, which enlarges the effect): the
-graphs then held kernel nodes only (101 for bge-base, 270 for Qwen3-0.6B; now also the inputs'
-memcpy node), their launch takes ~30 /
-70–170 µs of host time, and segments take batch-1 steps from 1.533 to 1.435 ms (Qwen3-0.6B, 128
-tokens) and 0.535 to 0.521 (bge-base) while each replay's GPU time grows by 0.004–0.011 ms. (12-01b
-had reverted them on bench figures from separate processes, whose batch-1 p50s differ by up to
-0.25 ms.) ``GraphOptions.segments`` False captures one graph per bucket.
+Always on (the ``--no-graph-segments`` baseline was removed; measurements: docs/decisions.md,
+"the kernel plan").
 
 Input layout. All integer inputs of a batch travel as ONE int32 array, so an H2D transfer is one
 copy from pinned memory. For a bucket of ``T`` tokens and ``S`` slots::
@@ -36,7 +30,7 @@ packs its batch into the first elements of a pinned host twin of that buffer (``
 each graph's first node copies them in (a memcpy node captured with the graph), so a replay is:
 pack on the host, replay, slice the first B output rows. Why the copy is in the graph: at batch 1
 the host's time before the GPU starts is on the latency's path, and a separate copy call took
-~14 µs of it on the H200 host, a pinned buffer per step ~2 (bench/results/h200-2026-12-02b). The
+~14 µs of it on the H200 host, a pinned buffer per step ~2. The
 staging buffer is reused, so a step first waits for the previous replay's copy to have read it
 (an event after the first segment: at batch 1 long done; a pipelined step waits at most for the
 step before it to start). Padding is filled on the host while packing (``pack_into``), which costs
@@ -58,8 +52,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.buckets import Bucket, LazyCapture
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.buckets import Bucket, LazyCapture
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bouquet.engine.weights import WeightError
+from bouquet.engine.models.weights import WeightError
 from bouquet.modelspec import M3_HEAD_FILES
 
 SPARSE_FILE, COLBERT_FILE = M3_HEAD_FILES

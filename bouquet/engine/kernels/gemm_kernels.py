@@ -1,4 +1,4 @@
-"""Triton GEMMs with fused epilogues (fused_gemms.py says where and why each runs): the gated MLP's
+"""Triton GEMMs with fused epilogues (linear/triton_gemms.py says where and why each runs): the gated MLP's
 gate/up with the activation for large steps (Hopper TMA tensor descriptors, ``triton.tools.
 tensor_descriptor``, for the operands and the output; rows past a tensor's end are zero-filled on
 load and clipped on store), and the small steps' GEMMs with bias / activation epilogues (pointer loads).
@@ -6,7 +6,7 @@ load and clipped on store), and the small steps' GEMMs with bias / activation ep
 import triton
 import triton.language as tl
 
-from bouquet.engine.kernels import _act, _pdl_enter, _prefetch_rows
+from bouquet.engine.kernels.triton_kernels import _act, _pdl_enter, _prefetch_rows
 
 
 @triton.jit(do_not_specialize=["M"])  # M: the step's tokens; one compiled kernel per model shape

@@ -4,60 +4,33 @@ Models call ``backend.attend(q, k, v, meta)`` with q ``[T, H, D]`` and k/v ``[T,
 (grouped-query attention when Hkv < H) and get ``[T, H, D]`` back. ``meta`` is built once per
 forward pass by ``backend.prepare`` and shared by every layer.
 
-Sliding-window layers (ModernBERT's local layers) pass ``window=W``: query i of a sequence sees
-key j of the same sequence only when |i − j| ≤ W (and j ≤ i when causal), the band of
-transformers' ``sliding_window_bidirectional_overlay`` (W = ``local_attention // 2``). A window
-at least ``max_seqlen − 1`` wide hides nothing, so it runs as full attention. Cost: on CUDA
-varlen passes W to FlashAttention-2 (``window_size=(W, W)``), which skips the key blocks outside
-the band (~T·(2W+1) scores instead of Σ L²); the window is a host int, so graphs stay valid.
-Measured on the H200 for W = 64, 12 heads × 64 (bench/results/h200-2026-11-30-modernbert/):
-1 × 8,192 tokens 0.10 ms vs 0.66 ms unwindowed (cuDNN, which takes no window, 0.43 ms), 8 × 2,048
-0.15 vs 0.36 (0.22) ms, but 32 × 512 0.16 vs 0.11 (0.07) ms: below ~1k tokens per sequence the
-banded kernel is slower than full attention, and the band is paid for exactness, not speed. On
-the CPU each length group runs SDPA with a boolean band mask [L, L] (cached per length): all L²
-scores are still computed, so a windowed layer costs what a global one does.
+Sliding-window layers (ModernBERT's local layers, Gemma3's sliding ones) pass ``window=W``: query
+i of a sequence sees key j of the same sequence only when |i − j| ≤ W (and j ≤ i when causal), the
+band of transformers' ``sliding_window_bidirectional_overlay``. A window at least ``max_seqlen − 1``
+wide hides nothing, so it runs as full attention. On CUDA FlashAttention-2 varlen skips the key
+blocks outside the band (the window is a host int: graphs stay valid); on the CPU each length group
+runs SDPA with a boolean band mask (cached per length), so a windowed layer costs what a global one does.
 
-Layers with an additive score bias (MPNet's relative position bias) pass ``bias`` [H, L, L] in
-the model dtype, L ≥ every sequence's length: query i and key j of a sequence (positions inside
-it) get ``bias[h, i, j]`` added to their scaled score; bidirectional only. On the CPU each length
-group slices it as its SDPA float mask (exact, no extra work). On CUDA, FlashAttention-2 takes no
-bias, so these layers run PyTorch's memory-efficient (CUTLASS, xformers) kernel in its varlen form
-(``aten._efficient_attention_forward`` with ``cu_seqlens``): it reads the bias at in-sequence
-(query, key) offsets through its strides, so one [H, L, L] table serves every sequence, no
-padding and no [T, T] mask; graph-safe (host ints only). Cost on the H200 (bf16, 12 heads × 64;
-bench/results/h200-2026-11-30-mpnet/): per call 0.055 ms vs FlashAttention-2's 0.120 at 64 × 128
-tokens, 0.166 vs 0.117 at 16 × 512, 0.267 vs 0.128 for 64 mixed 16–512; a whole mpnet-base step
-vs bge-base's (same shape; bge takes cuDNN on equal lengths) 0.82 vs 0.83 ms at 1 × 128, 3.74 vs
-3.49 at 64 × 128, 5.09 vs 3.87 at 16 × 512, 9.27 vs 7.88 ms for the 64 mixed: up to ~30% slower
-where long sequences make attention a large share.
+Layers with an additive score bias (MPNet's relative position bias) pass ``bias`` [H, L, L] in the
+model dtype, L ≥ every sequence's length, bidirectional only: on the CPU each length group slices it
+as its SDPA float mask; on CUDA (FlashAttention-2 takes no bias) the memory-efficient kernel's varlen
+form reads it at in-sequence offsets through its strides (``_biased_varlen``).
 
-- ``varlen``: CUDA, fp16/bf16, packed sequences of any lengths. Ragged batches (and the CUDA-graph
-  buckets that are not uniform) run ``triton_varlen``, the Triton kernel ``kernels.varlen_attn_kernel``, for
-  head dims 32, 64 and 128; other head dims, sliding windows and ``varlen-flash`` run
-  ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen). The Triton kernel is ~1.6–2.1×
-  FlashAttention-2 on mixed lengths and as fast as cuDNN on equal ones (H200,
-  bench/results/h200-2026-12-01/README.md: Qwen3-0.6B heads, 100 sequences of 16–512 tokens,
-  0.190 vs 0.403 ms, cuDNN 0.184 ms on the same tokens at one length; bge-base heads 0.120 vs
-  0.192 ms): FlashAttention-2 predates Hopper's tensor-core instructions, which Triton emits.
-  Equal lengths keep cuDNN (Qwen3 heads 100 × 512: cuDNN 0.273 ms, Triton 0.424) except for one
-  sequence alone and for head dim 32 (``TRITON_UNIFORM_HEAD_DIMS``), where the Triton kernel is
-  faster — but a causal sequence alone of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows runs cuDNN
-  (head dims 64 and 128; below).
-  ``max_seqlen`` is a host integer that sizes the kernel grid; under CUDA graphs it
-  is the bucket's upper bound (a loose bound is correct, only slower). When every sequence of an
-  (eager) batch has the same length, ``prepare(..., uniform=True)`` routes attention to SDPA's
-  cuDNN kernel on the packed tensor viewed as ``[B, L, H, D]`` (no padding, no copy), which is
-  faster there (bench/results/h200-2026-11-29-run2-probe.json: attn_cudnn_ms vs attn_varlen_ms).
-  A causal model's one sequence of more than ``CUDNN_SINGLE_MIN_TOKENS`` rows takes the same path
-  with L = all the rows, a single-slot graph bucket's padding included: the padding rows sit after
-  the one real sequence, and causal attention never lets a real row see a later one, so real rows
-  are exact (padding rows are discarded by pooling) as long as the padding rows hold finite values:
-  not for models whose layers mix windowed and global attention (``AttnMeta.whole_rows``).
-- ``sdpa_grouped``: for the CPU (and fp32 on CUDA). Dense layers stay packed; attention groups
-  the sequences by exact length and runs one unmasked SDPA call per group on ``[n, H, len, D]``
-  gathered rows: no padding and no mask, so no wasted work (less than one padded, masked call
-  does for mixed lengths); a batch of equal lengths (or one sequence) is a single call with no
-  gather.
+- ``varlen``: CUDA, fp16/bf16. Ragged batches run ``triton_varlen`` (``kernels.varlen_attn_kernel``)
+  for the head dims of ``plan.TRITON_ATTN_CONFIGS``; other head dims, sliding windows and a build
+  without Triton run FlashAttention-2 varlen (``torch.nn.attention.varlen.varlen_attn``). Batches of
+  equal lengths (``prepare(..., uniform=True)``) run cuDNN through SDPA on the packed tensor viewed
+  as ``[B, L, H, D]`` (no padding, no copy), except one sequence alone and the head dims of
+  ``plan.TRITON_UNIFORM_HEAD_DIMS`` (Triton). A causal sequence alone of more than
+  ``plan.CUDNN_SINGLE_MIN_TOKENS`` rows runs cuDNN over all the rows, a graph bucket's padding
+  included: the padding rows come after the real ones, which causal attention never lets see them,
+  as long as they hold finite values (not for models mixing windowed and global layers:
+  ``AttnMeta.whole_rows``). ``max_seqlen`` is a host int that sizes the grid; under CUDA graphs the
+  bucket's bound (loose is correct, only slower).
+- ``sdpa_grouped``: for the CPU (and fp32 on CUDA): the sequences grouped by exact length, one
+  unmasked SDPA call per group on ``[n, H, len, D]`` gathered rows: no padding, no mask.
+
+Thresholds and tiles: plan.py; measurements: docs/decisions.md, "the kernel plan".
 """
 from __future__ import annotations
 
@@ -68,7 +41,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.pdl import launch_options
+from bouquet.engine.kernels.pdl import launch_options
+from bouquet.engine.plan import (CUDNN_SINGLE_HEAD_DIMS, CUDNN_SINGLE_MIN_TOKENS, SINGLE_MIN_SEQLEN, TRITON_ATTN_CONFIGS,
+                                 TRITON_SINGLE_CONFIGS, TRITON_UNIFORM_HEAD_DIMS, profile_of)
 
 log = logging.getLogger(__name__)
 
@@ -113,28 +88,6 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernels.varlen_attn_kernel per head dim: the tiles
-# with the best mean over seven cases (mixed 16–512, equal lengths, batch 1, graph-bucket-like) in
-# the H200 sweeps of bench/results/h200-2026-12-01 (call 3; call 9 for 128 with packed heads).
-TRITON_ATTN_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 32, 4, 3), 128: (64, 32, 4, 3)}
-# One sequence of more than SINGLE_MIN_SEQLEN tokens alone (batch 1, one-sequence graph buckets):
-# 64-key blocks, the fastest tile for every model at 512 tokens in the same sweeps (Qwen3-0.6B heads
-# 0.0131 → 0.0112 ms, bge-base 0.0096 → 0.0081; calls 9 and 3) and in whole Qwen3-0.6B batch-1
-# replays (L512 1.690 → 1.642 ms, L2048 5.385 → 5.188), but not at 16 or 128 tokens (1.009 → 1.026,
-# 1.120 → 1.128: bench/results/h200-2026-12-01f call 5).
-SINGLE_MIN_SEQLEN = 128
-# ... but one causal sequence of more than CUDNN_SINGLE_MIN_TOKENS rows runs cuDNN: Qwen3-0.6B heads,
-# µs per layer Triton → cuDNN, 2,048 tokens 63.2 → 53.6, 4,096 194.3 → 151.6, 8,192 689 → 534; 1,000
-# 22.7 → 20.2 (kept on Triton: eager steps of 961–1,024 tokens would otherwise differ from their
-# 1,024-row graph bucket), 512 9.5 → 12.5 (bench/results/h200-2026-12-01f call 7).
-CUDNN_SINGLE_MIN_TOKENS = 1024
-CUDNN_SINGLE_HEAD_DIMS = (64, 128)
-TRITON_SINGLE_CONFIGS: dict[int, tuple[int, int, int, int]] = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
-                                                               128: (64, 64, 4, 3)}
-# Head dims whose equal-length batches run the Triton kernel too: with 32 (all-MiniLM-L6-v2) it beat
-# cuDNN in every case measured (100 × 268 tokens 0.080 vs 0.136 ms, 100 × 512 0.168 vs 0.198, 64 × 128
-# 0.013 vs 0.016; call 3); with 64 and 128 cuDNN wins at 100 × 512 and 64 × 128.
-TRITON_UNIFORM_HEAD_DIMS = (32,)
 
 
 def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -149,10 +102,10 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     with grouped-query attention, the query heads of one kv head share a program (BLOCK_M rows =
     BLOCK_M / group tokens × group heads), so each K/V tile is read once for all of them. Raises
     KeyError for a head dim without a config."""
-    from bouquet.engine import kernels
+    from bouquet.engine.kernels import triton_kernels as kernels
 
     T, H, D = q.shape
-    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and _hopper(q.device)  # static per bucket
+    single = cu_seqlens.shape[0] == 2 and max_seqlen > SINGLE_MIN_SEQLEN and profile_of(q.device).measured_hopper  # static per bucket
     bm, bn, warps, stages = config or (TRITON_SINGLE_CONFIGS if single else TRITON_ATTN_CONFIGS)[D]
     group = H // k.shape[1]
     pack = group if pack_heads and group > 1 and bm % group == 0 and bm // group >= 16 else 1
@@ -166,13 +119,6 @@ def triton_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     return o
 
 
-@functools.lru_cache(maxsize=8)
-def _hopper(device: torch.device) -> bool:
-    """NVIDIA Hopper (compute capability 9.x), where TRITON_SINGLE_CONFIGS were measured and their
-    3-stage 64-key tiles fit (~112 KiB of shared memory at head dim 128; a T4 has 64)."""
-    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
-
-
 def _windowed(window: int | None, meta: AttnMeta) -> bool:
     """Whether ``window`` can hide a key from a query: some sequence is longer than W + 1."""
     return window is not None and window < meta.max_seqlen - 1
@@ -180,7 +126,7 @@ def _windowed(window: int | None, meta: AttnMeta) -> bool:
 
 class VarlenBackend(AttentionBackend):
     """``ragged``: the kernel for batches of unequal lengths, "triton" (``triton_varlen``) or
-    "flash" (FlashAttention-2 varlen, the backend named ``varlen-flash``)."""
+    "flash" (FlashAttention-2 varlen: where Triton is missing, reported as ``varlen-flash``)."""
 
     def __init__(self, ragged: str = "triton") -> None:
         from torch.nn.attention.varlen import varlen_attn
@@ -203,9 +149,8 @@ class VarlenBackend(AttentionBackend):
             return _biased_varlen(q, k, v, meta, bias)
         w = window if _windowed(window, meta) else -1
         # Equal lengths: cuDNN (it takes no window: banded layers stay on FlashAttention-2); but one
-        # sequence alone runs the Triton kernel, as fast or faster (Qwen3 heads b1 L128 0.0066 vs
-        # 0.0074 ms, L512 0.0131 vs 0.0125; bench/results/h200-2026-12-01 call 9), and a graph
-        # bucket's single sequence takes it too, so eager and replayed steps of one sequence agree;
+        # sequence alone runs the Triton kernel, as fast or faster, and a graph bucket's single
+        # sequence takes it too, so eager and replayed steps of one sequence agree;
         # above CUDNN_SINGLE_MIN_TOKENS rows a causal one runs cuDNN again (eager and graph alike).
         triton = w < 0 and self.triton_takes(q.shape[2]) and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
         if (triton and meta.causal and meta.whole_rows and meta.cu_seqlens.shape[0] == 2
@@ -236,7 +181,6 @@ class VarlenBackend(AttentionBackend):
         T, H, D = q.shape
         qp, kp, vp = (x.view(T // L, L, x.shape[1], D).transpose(1, 2) for x in (q, k, v))  # [B, heads, L, D]
         # enable_gqa: cuDNN reads the shared K/V heads itself, faster than repeating K/V first
-        # (bench/results/h200-2026-11-30/README.md, the Qwen3-0.6B attention profile).
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
             out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=k.shape[1] != H)
         return out.transpose(1, 2).reshape(T, H, D)
@@ -325,23 +269,23 @@ def band_mask(length: int, window: int, causal: bool, device: torch.device) -> t
 
 def select_backend(device: torch.device, dtype: torch.dtype, override: str | None = None) -> AttentionBackend:
     """Pick the attention backend once: varlen on CUDA with fp16/bf16 (its ragged batches on the
-    Triton kernel when Triton imports, else on FlashAttention-2, i.e. ``varlen-flash``),
+    Triton kernel when Triton imports, else on FlashAttention-2, reported as ``varlen-flash``),
     length-grouped SDPA otherwise.
 
     Raises ValueError for an unknown override or varlen on a device/dtype it cannot run.
     """
     name = override or ("varlen" if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) else "sdpa_grouped")
-    if name in ("varlen", "varlen-flash"):
+    if name == "varlen":
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"varlen attention needs CUDA and fp16/bf16, got {device} {dtype}")
-        from bouquet.engine.ops import triton_kernels
+        from bouquet.engine.kernels.ops import triton_kernels
 
-        triton = name == "varlen" and triton_kernels() is not None
+        triton = triton_kernels() is not None
         backend: AttentionBackend = VarlenBackend("triton" if triton else "flash")
     elif name == "sdpa_grouped":
         backend = SdpaGroupedBackend()
     else:
-        raise ValueError(f"unknown attention backend {name!r}; choose varlen, varlen-flash or sdpa_grouped")
+        raise ValueError(f"unknown attention backend {name!r}; choose varlen or sdpa_grouped")
     detail = ""
     if isinstance(backend, VarlenBackend):
         detail = (f"; unequal lengths: {'Triton kernel' if backend.ragged == 'triton' else 'FlashAttention-2'}, "

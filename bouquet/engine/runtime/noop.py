@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from bouquet.engine.batch import Batch
-from bouquet.engine.contract import EngineInfo
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.contract import EngineInfo
 from bouquet.modelspec import ModelSpec
 
 

@@ -1,7 +1,7 @@
 """Model-family facts, one row per ``architectures`` string of config.json; torch-free.
 
 Read by ``bouquet.modelspec`` (gateway and replica: task, pooling, sequence limit, prompt) and
-by ``engine/registry.py`` (which class to import). Everything else a model needs lives in its
+by ``engine/models/registry.py`` (which class to import). Everything else a model needs lives in its
 model file under ``engine/models/``.
 
 Adding an architecture (e.g. ``ElectraModel``):

@@ -23,22 +23,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bouquet.config import FP8_MIN_COSINE, FP8_MIN_TOKENS, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
-from bouquet.engine.attention import AttentionBackend, VarlenBackend, select_backend
-from bouquet.engine.batch import Batch
-from bouquet.engine.buckets import bucket_for, load_hot, startup_buckets
-from bouquet.engine.contract import EngineInfo
-from bouquet.engine.fp8_checkpoint import split_fp8_checkpoint
-from bouquet.engine.graphs import GraphManager, input_views, pack_inputs
-from bouquet.engine.m3_heads import M3Heads
-from bouquet.engine.pooling import pooler
-from bouquet.engine.quant import enable_fp8, output_cosines, projections, set_fp8_min_tokens
-from bouquet.engine.fused_gemms import MIN_TOKENS as FUSED_GEMMS_MIN_TOKENS, SMALL_MAX_TOKENS, compile_now
-from bouquet.engine.pdl import supported as pdl_supported
-from bouquet.engine.splitk import MAX_TOKENS as MAX_SPLITK_TOKENS, WARM_TOKENS
-from bouquet.engine.st_head import build_head
-from bouquet.engine.registry import model_class
-from bouquet.engine.weights import assign_weights, load_safetensors
+from bouquet.config import FP8_MIN_COSINE, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
+from bouquet.engine.attention.backends import AttentionBackend, VarlenBackend, select_backend
+from bouquet.engine.runtime.batch import Batch
+from bouquet.engine.runtime.buckets import bucket_for, load_hot, startup_buckets
+from bouquet.engine.runtime.contract import EngineInfo
+from bouquet.engine.linear.fp8_checkpoint import split_fp8_checkpoint
+from bouquet.engine.runtime.graphs import GraphManager, input_views, pack_inputs
+from bouquet.engine.heads.m3_heads import M3Heads
+from bouquet.engine.heads.pooling import pooler
+from bouquet.engine.linear.base import GatedTritonLinear, assign_methods, linears
+from bouquet.engine.models.base import PackedModel
+from bouquet.engine.linear.fp8 import enable_fp8, fp8_linears, output_cosines, set_fp8_min_tokens
+from bouquet.engine.linear.triton_gemms import compile_now
+from bouquet.engine.plan import FP8_MIN_TOKENS, WARM_TOKENS, KernelPlan, profile_of
+from bouquet.engine.heads.st_head import build_head
+from bouquet.engine.models.registry import model_class
+from bouquet.engine.models.weights import assign_weights, load_safetensors
 from bouquet.modelspec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class PendingResult:
 @dataclass(frozen=True)
 class GraphOptions:
     """CUDA-graph settings (ServeConfig's ``enforce_eager``, ``graph_max_tokens``,
-    ``capture_buckets``, ``bucket_stats_path``, ``graph_segments``). Ignored on the CPU."""
+    ``capture_buckets``, ``bucket_stats_path``). Ignored on the CPU."""
 
     enabled: bool = True
     max_tokens: int = GRAPH_MAX_TOKENS  # batches whose bucket has more tokens run eagerly
@@ -96,18 +97,11 @@ class GraphOptions:
     capture: tuple[str, ...] = ()  # "seqs:tokens:max_seqlen" captured at start-up
     stats_path: str | None = None  # bucket-hit histogram: read at start, written at shutdown
     debug: bool = False  # assert static buffers never move
-    segments: bool = True  # each capture cut at layer boundaries (graphs.py: the GPU starts sooner at batch 1)
 
     @classmethod
     def from_config(cls, cfg: ServeConfig) -> "GraphOptions":
         return cls(enabled=not cfg.enforce_eager, max_tokens=cfg.graph_max_tokens, max_seqs=cfg.max_batch_seqs,
-                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path, segments=cfg.graph_segments)
-
-
-def _measured_gpu(device: torch.device) -> bool:
-    """Whether ``device`` is the kind the engine's Triton GEMMs were measured faster on: an NVIDIA
-    Hopper GPU (compute capability 9.x; not ROCm, whose capabilities also read 9.x)."""
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
+                   capture=tuple(cfg.capture_buckets), stats_path=cfg.bucket_stats_path)
 
 
 class Engine:
@@ -116,15 +110,8 @@ class Engine:
 
     ``state``: an in-memory checkpoint (Hugging Face names, tensors on any device) used instead
     of reading ``spec.path``; see ``from_state_dict``. ``graphs``: CUDA-graph options (GPU only).
-    ``split_k``: the split-K GEMM for the hidden-size projections of steps up to
-    ``splitk.MAX_TOKENS`` tokens; None = on for Hopper GPUs (CUDA compute capability 9.x), where
-    it was measured.
-    ``fused_gemms``: gated MLPs' gate/up GEMM with the activation in its epilogue (Triton) for
-    steps of at least ``fused_gemms.MIN_TOKENS`` tokens; None = on for the same devices.
-    ``small_gemms``: for steps of at most ``fused_gemms.SMALL_MAX_TOKENS`` tokens, the qkv (+ bias),
-    gate/up + activation and encoders' up + bias + activation GEMMs in Triton (fused_gemms.py; the
-    plain ones up to ``SMALL_MAX_OUTPUTS`` outputs), so that those launches take programmatic
-    dependent launch too; None = on for the same devices where PDL is supported (``pdl.supported``).
+    ``triton_gemms``: False runs none of the engine's Triton GEMMs (``--no-triton-gemms``: cuBLAS
+    throughout); True lets the kernel plan choose them where they were measured (plan.KernelPlan).
     Implements ``contract.StepEngine``.
     """
 
@@ -133,8 +120,7 @@ class Engine:
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
-                 split_k: bool | None = None, fused_gemms: bool | None = None,
-                 small_gemms: bool | None = None) -> None:
+                 triton_gemms: bool = True) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -157,40 +143,13 @@ class Engine:
         model = model.to(device=self.device, dtype=self.dtype).eval()
         model.fuse()
         self.model = model
-        # small model-dtype steps on CUDA: the hidden-size projections as split-K GEMMs (splitk.py).
-        # Default (None): on Hopper, where it was measured (H200, 16–128 tokens: batch-1 replays 7–9%
-        # faster for Qwen3-0.6B and bge-base, bench/results/h200-2026-12-01e; 256 tokens 5–8%,
-        # h200-2026-12-02); its tiles are untested
-        # on other GPUs, whose shared memory and SM counts differ
-        if split_k is None:
-            split_k = _measured_gpu(self.device)
-        self.split_k = split_k and self.device.type == "cuda"
-        for p in projections(model):
-            p.split_k = p.split_k and self.split_k
-        # large decoder steps: GEMMs with the next elementwise pass in their epilogue (fused_gemms.py);
-        # by default where measured faster (H200, from 2,048 tokens)
-        if fused_gemms is None:
-            fused_gemms = _measured_gpu(self.device)
-        self.fused_gemms = fused_gemms and self.device.type == "cuda"
-        for m in model.modules():
-            if hasattr(m, "fused_gemms"):  # models/decoder.py: DecoderMLP
-                m.fused_gemms = self.fused_gemms
-        # batch-1 steps: the qkv / MLP-in GEMMs in Triton too (fused_gemms.small_linear and
-        # small_gate_up_act), with their bias / activation in the epilogue
-        # By default only where their launches take PDL (pdl.py), the reason they pay: alone they are
-        # slower than cuBLAS (measured on the H200: bench/results/h200-2026-12-01h, calls 4 and 5)
-        if small_gemms is None:
-            small_gemms = _measured_gpu(self.device) and pdl_supported(self.device.index or 0)
-        self.small_gemms = small_gemms and self.device.type == "cuda"
-        for m in model.modules():
-            if hasattr(m, "small_gemms"):  # models/decoder.py: DecoderMLP; models/bert.py: PostNormLayer
-                m.small_gemms = self.small_gemms
-        for p in projections(model):
-            p.small_gemm = self.small_gemms and p.kind == "qkv"
+        self.profile = profile_of(self.device)
+        self.plan = KernelPlan.for_profile(self.profile, triton_gemms)
+        assign_methods(model, self.plan)  # every projection's kernel, chosen once
         self.causal = bool(model.causal)
         # layers with different attention windows (Gemma3's sliding / global): a windowed layer can
         # leave padding rows unwritten, so no attention may read a whole padded bucket (AttnMeta.whole_rows)
-        self.mixed_windows = len({getattr(m, "window", None) for m in model.modules() if hasattr(m, "window")}) > 1
+        self.mixed_windows = len({w for m in model.modules() if isinstance(m, PackedModel) for w in m.layer_windows}) > 1
         cfg = spec.config  # attention's head dim: config's head_dim, else width / heads (DistilBERT: dim / n_heads)
         heads, hidden = cfg.get("num_attention_heads", cfg.get("n_heads")), cfg.get("hidden_size", cfg.get("dim"))
         self.head_dim = int(cfg.get("head_dim") or (hidden // heads if heads and hidden else 0))
@@ -219,7 +178,7 @@ class Engine:
             o = self.graph_options
             self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
                                        self.use_types, debug=o.debug,
-                                       blocks=model.blocks() if o.segments else ())
+                                       blocks=model.blocks())
         self.quantization = quantization
         if quantization == "fp8":
             self._enable_fp8(fp8_min_cosine)
@@ -231,16 +190,8 @@ class Engine:
         log.info("engine: %s on %s (%s), %d tensors loaded in %.2fs", spec.architecture, self.device,
                  self.info.dtype, len(self.loaded), self.info.load_seconds)
         if self.device.type == "cuda":
-            log.info("engine: attention output / MLP down projections of steps up to %d tokens: %s", MAX_SPLITK_TOKENS,
-                     "split-K Triton GEMM (the add + norm kernel sums the parts)" if self.split_k else "cuBLAS")
-            if any(hasattr(m, "fused_gemms") for m in model.modules()):
-                log.info("engine: gated MLP of steps from %d tokens: %s", FUSED_GEMMS_MIN_TOKENS,
-                         "gate/up GEMM with the activation in its epilogue (Triton)" if self.fused_gemms
-                         else "cuBLAS gate/up, then the activation kernel")
-            log.info("engine: qkv and MLP-in projections of steps up to %d tokens: %s", SMALL_MAX_TOKENS,
-                     "Triton GEMMs with the bias / activation in their epilogue" if self.small_gemms else "cuBLAS")
-            log.info("engine: Triton kernels launch %s", "with programmatic dependent launch (pdl.py)"
-                     if pdl_supported(self.device.index or 0) else "plainly (no programmatic dependent launch here)")
+            for line in self.plan.log_lines():
+                log.info("engine: %s", line)
 
     def _enable_fp8(self, min_cosine: float) -> None:
         """Quantize the layers (quant.enable_fp8), then check the outputs of a probe batch (32
@@ -260,11 +211,11 @@ class Engine:
             ref = self.forward(batch)
             set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
         cos = output_cosines(fp8, ref)
-        chosen = [p for p in projections(self.model) if p.fp8 is not None]
+        chosen = fp8_linears(self.model)
         kinds = {p.kind: p for p in chosen}  # one projection per kind: the same settings in every layer
-        how = ", ".join(f"{k}: {'scales applied by the next kernel' if p.deferred else 'row-wise scaled GEMM'}"
+        how = ", ".join(f"{k}: {'scales applied by the next kernel' if p.fp8_method.deferred else 'row-wise scaled GEMM'}"
                         for k, p in kinds.items())
-        kept = sum(p.fp8_stored for p in chosen)
+        kept = sum(p.fp8_method.from_checkpoint for p in chosen)
         dt = str(self.dtype).removeprefix("torch.")  # the model dtype: bfloat16 on the GPU by default, float32 on the CPU
         log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer, on every step; per-channel weight and "
                  "per-token activation scales; %d with the checkpoint's own fp8 weights, the others quantized at "
@@ -284,7 +235,7 @@ class Engine:
         """Build from tensors already in memory (e.g. a transformers model's ``state_dict()`` on
         the GPU: no disk round trip). Tensors already on ``device`` in ``dtype`` are used without
         a copy. Same checks and errors as loading from disk; ``options``: the constructor's other
-        keywords (quantization, split_k, …)."""
+        keywords (quantization, triton_gemms, …)."""
         return cls(spec, device, dtype, attention, state=state, graphs=graphs, **options)  # type: ignore[arg-type]
 
     def _forward_packed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor | None, seg: torch.Tensor,
@@ -296,7 +247,7 @@ class Engine:
                 and not self.attn.triton_takes(self.head_dim) and not self.mixed_windows:
             # one causal sequence + trailing padding: cuDNN over the whole bucket is exact and beats
             # FlashAttention-2 (head dims the Triton kernel does not take; for those it takes,
-            # attention.VarlenBackend decides by length; bench/results/h200-2026-12-01, calls 3 and 9)
+            # attention.VarlenBackend decides by length)
             uniform, max_seqlen = True, ids.shape[0]
         meta = self.attn.prepare(cu, max_seqlen, self.causal, uniform, whole_rows=not self.mixed_windows)
         hidden = self.model(ids, pos, tt, meta)  # [T, hidden]
@@ -333,8 +284,7 @@ class Engine:
 
     def replays(self, batch: Batch) -> bool:
         """True when ``step(batch)`` replays an already captured CUDA graph: a small, bounded host
-        cost (pack, one H2D copy, replay, D2H copy, event; ``b1_*_step_return_ms`` in
-        bench/results/h200-2026-11-29-run2-probe.json), cheap enough for the server to call on its
+        cost (pack, one H2D copy, replay, D2H copy, event), cheap enough for the server to call on its
         event loop. False on the CPU, with graphs off, and for eager or not yet captured buckets."""
         if self.graphs is None:
             return False
@@ -417,13 +367,13 @@ class Engine:
     def warmup(self) -> None:
         """One small batch through the whole path, so /health turns green only on a working model;
         then the small steps' Triton GEMMs compiled for each tile set (eager forwards of
-        ``splitk.WARM_TOKENS`` tokens) and the large steps' Triton GEMM (``fused_gemms.compile_now``)."""
+        ``plan.WARM_TOKENS`` tokens) and the large steps' Triton GEMM (``fused_gemms.compile_now``)."""
         n = min(8, self.spec.max_seq_length)
         ids = np.full(n, min(100, self.spec.vocab_size - 1), dtype=np.int32)
         rows = self.step(Batch.pack([ids, ids[:1]])).wait()
         if not np.isfinite(rows).all():
             raise RuntimeError("warm-up produced non-finite outputs; check --dtype and the weights")
-        if self.small_gemms or self.split_k:
+        if self.plan.small_gemms or self.plan.split_k:
             # their tiles differ by step length: compile each set now, not in the first such request
             # (eager forwards: no bucket sighting, so the graph histogram stays the requests')
             # Steps pack several sequences, so a model of short sequences meets these lengths too:
@@ -435,8 +385,8 @@ class Engine:
                     seqs = [np.resize(ids, longest)] * full + ([np.resize(ids, rest)] if rest else [])
                     self.forward(Batch.pack(seqs))
             torch.cuda.synchronize(self.device)
-        if self.fused_gemms:  # every layer's MLP has the same shapes: one compile serves them all
-            mlp = next((m for m in self.model.modules() if hasattr(m, "fused_gemms")), None)
-            if mlp is not None:
-                compile_now(mlp.gate_up.weight, mlp.act)
+        if self.plan.gate_up_act:  # every layer's MLP has the same shapes: one compile serves them all
+            gated = next((p for p in linears(self.model) if isinstance(p.method, GatedTritonLinear)), None)
+            if gated is not None:
+                compile_now(gated.weight, gated.gated)
         self.start_graphs()

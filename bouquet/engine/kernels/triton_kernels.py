@@ -1,4 +1,4 @@
-"""The Triton kernels behind ops.py and quant.py (imported only when a kernel is first used, so
+"""The Triton kernels behind ops.py and linear/fp8.py (imported only when a kernel is first used, so
 importing the engine never needs Triton). Each kernel's contract, precision rules and fallback
 are documented at its Python entry point: ``ops.add_layer_norm``, ``ops.add_rms_norm``,
 ``ops.qk_norm_rope``, ``ops.silu_mul`` (and the other gated activations), ``quant.act_quant``.
@@ -27,7 +27,7 @@ next_pow2 = triton.next_power_of_2
 def _pdl_enter(PDL: tl.constexpr):
     # pdl.py's contract: wait for the previous grid (and so every earlier one) before touching
     # memory, then let the next grid's programs start at once (signalling after the last store
-    # instead measured slower: bench/results/h200-2026-12-01g)
+    # instead measured slower: 6603f18:bench/results/h200-2026-12-01g)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -206,7 +206,7 @@ def _fast_act(g, ACT: tl.constexpr):
     # act_quant's activations: each result is rounded to the model dtype and then to e4m3 (1/16
     # relative steps), so approximate division (2 fp32 ulps) and a 1.5e-7 erf cannot move it but
     # where a value sits on a rounding boundary; the kernel is instruction-bound, not memory-bound,
-    # with libdevice's erf and IEEE division (bench/results/h200-2026-12-01c)
+    # with libdevice's erf and IEEE division (6603f18:bench/results/h200-2026-12-01c)
     if ACT == 1:
         a = tl.math.fdiv(g, 1.0 + tl.exp(-g))
     elif ACT == 2:

@@ -8,8 +8,8 @@
 - ``PartialRows``: a split-K GEMM's output (splitk.py, small batches): K-range partial sums that the
   add + norm kernel reading it next adds up as it loads each element.
 
-What this module does not own: computing any of them on the device (ops.py, kernels.py) or which
-matmuls produce them (quant.py).
+What this module does not own: computing any of them on the device (ops.py, triton_kernels.py) or which
+matmuls produce them (linear/fp8.py).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class QRows:
 
 @dataclass
 class ScaledRows:
-    """An fp8 GEMM's output before its scales (quant.Projection with deferred scales): the true
+    """An fp8 GEMM's output before its scales (quant.Fp8Linear with deferred scales): the true
     value at row i, column j is ``raw[i, j] · row_scale[i] · col_scale[j] (+ bias[j])``, rounded to
     ``dtype`` as a GEMM writing the model dtype would round it.
 
@@ -50,8 +50,7 @@ class ScaledRows:
     per-channel scale); bias [N] in ``dtype`` or None.
 
     Why: a GEMM with one scale per tensor is faster than the same GEMM scaling rows and columns in
-    its epilogue (Qwen3-0.6B's linears on the H200, bench/results/h200-2026-11-30e/call1-gemm.json:
-    0.60 vs 0.94 ms at 128 tokens, 2.17 vs 2.66 at 2,560, 43.5 vs 48.3 at 51,200), and the kernel
+    its epilogue (docs/decisions.md, "the kernel plan"), and the kernel
     that reads the output next touches every element anyway, so the two multiplies cost it nothing."""
 
     raw: torch.Tensor
@@ -74,8 +73,7 @@ class PartialRows:
     parts [S, T, N] float32 (S ≥ 2 K ranges); bias [N] in ``dtype`` or None; dtype fp16/bf16.
 
     Why: at batch 1 a projection to the hidden size (attention output, MLP down) has too few
-    output tiles to keep the SMs streaming weights (cuBLAS: 0.7–0.8 TB/s for Qwen3-0.6B's,
-    bench/results/h200-2026-12-01c); split over K it has enough, and the add + norm kernel that
+    output tiles to keep the SMs streaming weights; split over K it has enough, and the add + norm kernel that
     reads the output anyway sums the parts (a few MB, still in L2) instead of a reduce pass."""
 
     parts: torch.Tensor

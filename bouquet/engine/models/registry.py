@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from bouquet.engine.families import FAMILIES
+from bouquet.families import FAMILIES
 
 if TYPE_CHECKING:
     from bouquet.engine.models.base import PackedModel

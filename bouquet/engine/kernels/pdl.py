@@ -23,36 +23,16 @@ and grid size.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-MIN_CUDA = (12, 3)  # stream capture of PDL launches (graph programmatic edges) needs CUDA 12.3
+from bouquet.engine.plan import PDL_MAX_PROGRAMS as MAX_PROGRAMS, PDL_PREFETCH_MAX_BYTES as PREFETCH_MAX_BYTES, profile_of
 
 
-@functools.lru_cache(maxsize=8)
 def supported(device_index: int) -> bool:
-    """Whether the Triton kernels launch with PDL on CUDA device ``device_index``: an NVIDIA
-    Hopper GPU (compute capability 9.x, where it was measured), CUDA ≥ ``MIN_CUDA`` in both the
-    build and the driver, and a Triton with ``griddepcontrol`` (``kernels.HAS_GDC``). Decided once
-    per device."""
-    if torch.version.hip is not None or torch.version.cuda is None:
-        return False
-    if tuple(int(v) for v in torch.version.cuda.split(".")[:2]) < MIN_CUDA:
-        return False
-    try:  # e.g. 13000; a 12.2 driver runs a 12.4 build, and capture of PDL launches is the driver's
-        driver = int(torch._C._cuda_getDriverVersion())
-    except (AttributeError, RuntimeError, TypeError):  # not in this build: the build's version decides
-        driver = 0
-    if driver and (driver // 1000, driver % 1000 // 10) < MIN_CUDA:
-        return False
-    if torch.cuda.get_device_capability(device_index)[0] != 9:  # measured on Hopper only (an H200)
-        return False
-    try:
-        from bouquet.engine import kernels
-    except ImportError:  # no Triton
-        return False
-    return kernels.HAS_GDC
+    """Whether the Triton kernels launch with PDL on CUDA device ``device_index``
+    (``plan.DeviceProfile.pdl``: a measured Hopper, CUDA ≥ 12.3 in build and driver, Triton's
+    ``griddepcontrol``). Read once per device."""
+    return profile_of(device_index).pdl
 
 
 # The launch sites' names for their kernels.
@@ -60,27 +40,20 @@ KERNELS = frozenset({"splitk", "norm_parts", "norm", "attention", "qk_norm_rope"
                      "small_gated"})
 # Kernels that always take PDL: the add + norm kernels reading split-K parts (after the split-K
 # GEMM) and the split-K GEMM itself — in decoders after our attention or gated activation; in
-# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained (call 4);
+# encoders its MLP-down instance follows cuBLAS's up + GELU, and bge-base still gained;
 # and the small steps' qkv / MLP-in GEMMs (fused_gemms.small_linear; small_gated: the gated MLP's
 # gate/up, small_gate_up_act), which follow an add + norm.
 FOLLOWS_OURS = frozenset({"splitk", "norm_parts", "small_gemm", "small_gated"})
 # The others (attention, q/k-norm + rotary, the activations, norms of a cuBLAS output) follow a
 # cuBLAS GEMM or our own kernel depending on the model and the step; they take PDL only with a
-# grid this small, as their programs may start early and wait on the SMs through the whole
-# predecessor: all of them with PDL made Qwen3-0.6B's batch-1 replays 8.8% faster at 16 tokens but
-# 0.7% / 6.6% slower at 128 / 512 (bench/results/h200-2026-12-01g, call 2); 64 measured best of
-# 0 / 32 / 64 / 160 (call 4).
-MAX_PROGRAMS = 64
+# grid of at most plan.PDL_MAX_PROGRAMS programs (their programs may start early and wait on the SMs
+# through the whole predecessor).
 # Kernels that stream weights (the batch-1 GEMMs): launched early under PDL, their programs first ask
 # L2 for their own weight slab (``kernels._prefetch_rows``), then wait; the weights do not depend on
 # the previous grid, so HBM streams them while that grid still runs (norms, attention: latency-bound
 # at batch 1) and the GEMM then reads them from L2.
 PREFETCHES = frozenset({"splitk", "small_gemm", "small_gated"})
-# ... but only weights of at most this many bytes: measured on the H200 (bench/results/h200-2026-12-02,
-# calls 1–3), bge-base's (≤ 4.7 MB) and Qwen3-0.6B's o / down (4.2 / 6.3 MB) gain 1–4% per batch-1
-# replay, while Qwen3-0.6B's qkv and gate/up (8.4 / 12.6 MB) lose 1–3%: more than HBM streams while
-# the add + norm before them runs, the prefetch then queues ahead of the GEMM's own loads.
-PREFETCH_MAX_BYTES = 7 << 20
+# ... but only weights of at most plan.PDL_PREFETCH_MAX_BYTES (larger ones queue ahead of the GEMM's own loads).
 
 
 def takes_pdl(kernel: str, programs: int) -> bool:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from bouquet.engine.weights import WeightError
+from bouquet.engine.models.weights import WeightError
 from bouquet.st_modules import DenseSpec, Step
 
 _ACTS: dict[str, nn.Module] = {"tanh": nn.Tanh(), "identity": nn.Identity(), "relu": nn.ReLU(), "gelu": nn.GELU(),

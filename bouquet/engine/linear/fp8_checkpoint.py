@@ -16,7 +16,7 @@ runs in the model dtype (small steps, the CPU, or no ``--quantization fp8``) com
 the weights the checkpoint defines. Static activation scales (``input_scale``) are dropped:
 activations are always quantized per token at run time, which is at least as fine.
 
-What this module does not own: which matmuls run in fp8 and from how many tokens (quant.py and
+What this module does not own: which matmuls run in fp8 and from how many tokens (linear/fp8.py and
 each layer's ``FP8_KINDS``), the load-time accuracy check (engine.py).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fused device kernels used by the models, each with a plain-PyTorch fallback.
 
 - ``add_layer_norm(x, residual, ln)``: LayerNorm(x + residual) in one pass (BERT, XLM-R); the
-  H200 timings against eager add + LayerNorm are in bench/results/*run2-probe.json.
+  one pass instead of an add and a LayerNorm pass.
 - ``add_layer_norm_pre(x, residual, ln)``: the same for a pre-norm encoder (ModernBERT, LayerNorm
   without bias): returns the normed rows and the new residual stream, like ``add_rms_norm``.
 - ``add_rms_norm(x, residual, norm)``: the pre-norm decoder's "residual add, then RMSNorm" in one
@@ -18,7 +18,7 @@ Both take (rows, residual, norm module) in that order.
   most ~5e-4 (absolute), under one bf16 rounding step for any activation above 0.06 in size, so
   it is used only for fp16/bf16 on CUDA; fp32 and the CPU keep the exact erf form.
 
-fp8 (``--quantization fp8``, quant.py): ``add_rms_norm``, ``add_layer_norm``, ``silu_mul`` and
+fp8 (``--quantization fp8``, linear/fp8.py): ``add_rms_norm``, ``add_layer_norm``, ``silu_mul`` and
 ``gelu_tanh_mul`` take ``fp8=True`` to write their output as ``QRows`` (e4m3 values and one float32
 scale per row, amax / 448) from the same kernel; ``act_quant`` / ``quantize_rows`` do it for other
 activations and for rows written elsewhere (attention output). ``quantize_reference`` is the rule.
@@ -28,8 +28,7 @@ applies them as it loads each element (``materialize`` is the same in PyTorch). 
 and ``add_layer_norm`` also take ``PartialRows`` (a split-K GEMM's parts, splitk.py) and add them up.
 
 Why: unfused, a Qwen3 forward pass at batch 1 is mostly small elementwise kernels (fp32 RMSNorm,
-rotary and the SiLU gate as separate passes; counted in bench/results/h200-2026-11-29-final/
-README.md), so the replay time is mostly their launch latency, and at large batches each is a
+rotary and the SiLU gate as separate passes), so the replay time is mostly their launch latency, and at large batches each is a
 full memory pass over [T, hidden] in fp32.
 
 Precision follows Hugging Face's modules (``Qwen3RMSNorm``, ``apply_rotary_pos_emb``, ``BertLayer``):
@@ -49,19 +48,19 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.fp8_rows import (FP8, PartialRows, QRows, ScaledRows, materialize, norm_input_args,
+from bouquet.engine.kernels.rows import (FP8, PartialRows, QRows, ScaledRows, materialize, norm_input_args,
                                      quantize_reference, unscale_args)
-from bouquet.engine.layers import RMSNorm, activation
-from bouquet.engine.pdl import launch_options
+from bouquet.engine.kernels.layers import RMSNorm, activation
+from bouquet.engine.kernels.pdl import launch_options
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=1)
 def triton_kernels() -> ModuleType | None:
-    """The Triton kernels (engine/kernels.py), imported on first use; None without Triton."""
+    """The Triton kernels (engine/kernels/triton_kernels.py), imported on first use; None without Triton."""
     try:
-        from bouquet.engine import kernels
+        from bouquet.engine.kernels import triton_kernels as kernels
     except ImportError:
         return None
     return kernels
@@ -184,11 +183,6 @@ def add_layer_norm_pre(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.Lay
                                        num_warps=_warps(block), **norm_input_args(x)[2],
                                        **launch_options(x, "norm", x.shape[0]))
     return out, s
-
-
-def layer_norm_reference(x: torch.Tensor, residual: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
-    """What ``add_layer_norm`` computes, in fp32 PyTorch (for tests)."""
-    return F.layer_norm(x.float() + residual.float(), ln.normalized_shape, ln.weight.float(), ln.bias.float(), ln.eps)
 
 
 def add_rms_norm(x: "torch.Tensor | ScaledRows | PartialRows", residual: torch.Tensor | None, norm: RMSNorm,

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from bouquet.engine.batch import Batch
+from bouquet.engine.runtime.batch import Batch
 from bouquet.modelspec import ModelSpec
 
 
