@@ -27,14 +27,22 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
 	touch $@
 
-.PHONY: install serve test bench-cpu
+.PHONY: install serve test test-gpu bench-cpu
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
 	$(VENV)/bin/bouquet serve $(ARGS)
 
+# tests/unit and tests/integration (tests/README.md) on two pytest-xdist workers, one file per worker
+# at a time: most of a server test's time is a child process starting or answering, so two workers
+# keep both cores busy. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit tests/integration $(ARGS)
+
+# Every GPU test: tests/gpu and the gpu-marked tests elsewhere (they skip without CUDA).
+test-gpu: $(VENV)/.installed-test
+	$(PY) -m pytest -q -m gpu tests $(ARGS)
 
 bench-cpu: $(VENV)/.installed-test
 	$(PY) -m bouquet bench cpu-sts $(ARGS)

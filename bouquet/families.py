@@ -12,7 +12,7 @@ Adding an architecture (e.g. ``ElectraModel``):
 2. add one row to ``FAMILIES`` below: ``"ElectraModel": Family("electra", "ElectraModel", ...)``,
    with the facts that differ from the defaults (an encoder, mean pooling, no score head,
    positions from 0);
-3. add a tiny random model of it to ``tests/fixtures/tiny_models.py``: ``tests/test_model_families.py``
+3. add a tiny random model of it to ``tests/fixtures/tiny_models.py``: ``tests/unit/test_model_families.py``
    then compares it with transformers.
 A decoder family (RMSNorm, rotary, gated MLP) is not a new file: subclass ``DecoderModel`` in
 ``engine/models/decoder.py`` with the ``DecoderFacts`` in which it differs, and give its row

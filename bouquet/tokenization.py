@@ -191,7 +191,7 @@ class TextTokenizer:
         """(parts, their encodings without special tokens): the part of each text that truncation to
         ``max_len`` on ``side`` keeps from: the whole text, or a window at that end (``_window``)
         that yields at least ``max_len + _margin`` tokens, so that the kept tokens are those of
-        the whole text (tests/test_tokenizer_equality.py checks this on every tokenizer kind).
+        the whole text (tests/integration/test_tokenizer_equality.py checks this on every tokenizer kind).
 
         A window cut inside a run of non-space characters is tokenized a second time one character
         longer and kept only when both agree on the kept tokens: Unigram's best segmentation of a

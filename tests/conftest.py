@@ -1,3 +1,4 @@
+"""Fixtures shared by tests/unit, tests/integration and tests/gpu (the layout: tests/README.md)."""
 from __future__ import annotations
 
 import sys
@@ -6,9 +7,19 @@ from typing import Iterator
 
 import pytest
 
+# `from helpers import ...` and `from reliability import ...` work from every folder below.
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import BouquetProcess  # noqa: E402
+
+GPU_DIR = Path(__file__).parent / "gpu"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/gpu is a GPU test (`make test-gpu` selects them with -m gpu)."""
+    for item in items:
+        if GPU_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(scope="session")

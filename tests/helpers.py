@@ -153,3 +153,19 @@ def cross_encoder_reference(model_dir: Path | str, max_length: int) -> Callable[
             return model(**enc).logits[:, 0].double().numpy()
 
     return logits
+
+
+def graph_counters(url: str) -> dict[str, float]:
+    """Sum over replicas of bouquet_replica_graph_{captures,replays} scraped from ``url``/metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"captures": 0.0, "replays": 0.0}
+    seen = set()
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            for k in out:
+                if s.name in (f"bouquet_replica_graph_{k}", f"bouquet_replica_graph_{k}_total"):
+                    out[k] += s.value
+                    seen.add(k)
+    assert seen == set(out), f"/metrics lacks the graph counters: {sorted(seen)}"
+    return out

@@ -2,7 +2,7 @@
 concurrent async clients, every returned vector checked against the reference of its own input.
 
 Used by `bouquet bench load` and `bouquet bench soak` (the full runs, results in bench/results/cpu-2core.md) and by
-tests/test_load.py (reduced runs). Units: seconds, kB of resident memory as /proc reports it.
+tests/integration/test_load.py (reduced runs). Units: seconds, kB of resident memory as /proc reports it.
 """
 from __future__ import annotations
 

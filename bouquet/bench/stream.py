@@ -2,7 +2,7 @@
 run in a subprocess with its resident memory sampled.
 
 Used by `bouquet bench embed-stream` (the 1,000,000-row run, bench/results/cpu-2core.md) and by
-tests/test_embed_job.py (20,000 rows under a memory bound). Units: MiB, seconds.
+tests/integration/test_embed_job.py (20,000 rows under a memory bound). Units: MiB, seconds.
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ TOOL_SUITES: dict[str, tuple[str, str, str]] = {
     "gateway-overhead": ("gateway_overhead", "CPU", "the gateway's CPU per request on the no-op engine"),
     "serving-profile": ("serving_profile", "any (needs py-spy)", "where one request's CPU goes, per category"),
     "priority": ("priority", "CPU", "interactive latency under a saturating bulk load, with and without priority classes"),
-    "load": ("load", "CPU", "the long load run (tests/test_load.py runs it reduced)"),
+    "load": ("load", "CPU", "the long load run (tests/integration/test_load.py runs it reduced)"),
     "soak": ("soak", "CPU", "the soak run: memory and errors over many requests"),
     "embed": ("embed", "GPU / CPU", "`bouquet embed` against the bare engine on the same rows; --host-only: the host ceiling"),
     "embed-stream": ("embed_stream", "CPU", "`bouquet embed` on 1,000,000 rows: rows/s and resident memory"),

@@ -2,7 +2,7 @@
 
 Routes parse bodies with orjson and gateway/inputs.py (no pydantic on the hot path); these schemas
 document what those parsers accept, and ``route_docs`` turns them into FastAPI ``openapi_extra`` /
-``responses`` arguments. Keep them in step with the parsers (tests/test_api_server.py::test_openapi_and_json_404_405
+``responses`` arguments. Keep them in step with the parsers (tests/integration/test_api_server.py::test_openapi_and_json_404_405
 checks that every route is described).
 """
 from __future__ import annotations

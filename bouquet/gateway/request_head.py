@@ -1,7 +1,7 @@
 """What RFC 9112 and RFC 9110 require of a server about a request's head, where the HTTP parser
 (llhttp, through httptools) does not enforce it already.
 
-llhttp already refuses (400, tested in tests/test_http_front.py): a request line that is not
+llhttp already refuses (400, tested in tests/integration/test_http_front.py): a request line that is not
 ``method SP target SP HTTP/x.y``, a method outside its table, a target with spaces, controls or
 non-ASCII bytes, whitespace between a field name and its colon (RFC 9112 §5.1), obs-fold (§5.2),
 whitespace before the first field line (§2.2), a bare CR (§2.2), NUL or other controls in a field

@@ -170,7 +170,7 @@ def remove_work_files(port_file: str, ipc_path: str | None, launcher_gone: bool,
     files (the launcher reads ``PORT_FILE.error``) unless nobody is left to read them.
 
     Why not only when the launcher is gone: ``PR_SET_PDEATHSIG`` stops a replica as the launcher's
-    threads die, and ``getppid()`` can still name the dying launcher then (tests/test_lifecycle.py,
+    threads die, and ``getppid()`` can still name the dying launcher then (tests/integration/test_lifecycle.py,
     SIGKILL with 2 gateway workers, left the folder in about one run in three)."""
     folder = os.path.dirname(port_file)
     if launcher_gone:

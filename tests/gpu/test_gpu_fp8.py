@@ -162,7 +162,7 @@ def test_fp8_model_tracks_bf16_and_graph_replay_equals_eager(tmp_path: Path, sha
     from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.engine.linear.fp8 import fp8_linears
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.gpu.test_gpu_fastpath import _tokenizer
 
     s = tiny(SHAPES["qwen3-0.6b"], hidden=128) if shape == "qwen3-tiny" else SHAPES[shape]
     spec = load_spec(str(make_model_dir(s, tmp_path, _tokenizer())))
@@ -197,9 +197,9 @@ def test_checkpoint_stored_in_fp8_runs_its_own_rows_on_the_gpu(tmp_path: Path) -
     from bouquet.engine.linear.fp8 import fp8_linears, set_fp8_min_tokens
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model
-    from tests.test_fp8 import _fp8_checkpoint
+    from tests.fixtures.fp8_checkpoints import fp8_checkpoint
 
-    ckpt = _fp8_checkpoint(make_tiny_model("qwen3", tmp_path / "src"), tmp_path / "fp8", "channel")
+    ckpt = fp8_checkpoint(make_tiny_model("qwen3", tmp_path / "src"), tmp_path / "fp8", "channel")
     eng = Engine(load_spec(str(ckpt)), "cuda", quantization="fp8", fp8_min_cosine=0.0)
     ref = Engine(load_spec(str(tmp_path / "fp8-dequantized")), "cuda")
     chosen = fp8_linears(eng.model)

@@ -112,6 +112,7 @@ def test_pickled_head_is_refused(m3_dir, tmp_path):
         Engine(load_spec(str(d)), "cpu", "float32")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_token_outputs_on_cuda(m3_dir):
     """``step_tokens`` on the GPU (bf16, pinned copy back) agrees with the CPU in float32."""

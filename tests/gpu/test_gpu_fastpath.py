@@ -154,7 +154,7 @@ def _tokenizer() -> Path:
 
         return default_tokenizer()
     except ImportError:  # GPU machines without the embedded-model package: a copied file
-        p = Path(__file__).resolve().parents[1] / "bench" / "assets" / "tokenizer.json"
+        p = Path(__file__).resolve().parents[2] / "bench" / "assets" / "tokenizer.json"
         if not p.exists():
             pytest.skip("no tokenizer.json available")
         return p
@@ -263,7 +263,7 @@ def test_replica_graph_counters_count_real_replays(tmp_path: Path) -> None:
     counters (``contract.StepEngine``), nonzero once a captured graph has been replayed."""
     from bouquet.bench.models import SHAPES, make_model_dir
     from helpers import BouquetProcess
-    from tests.test_contracts import graph_counters
+    from helpers import graph_counters
 
     srv = BouquetProcess("--model", str(make_model_dir(SHAPES["minilm"], tmp_path, _tokenizer())), device="cuda")
     try:

@@ -20,7 +20,7 @@ from bouquet.tokenization import TextTokenizer
 from helpers import cosine_rows
 from tests.fixtures.tiny_decoders import GEMMA_PROMPTS
 from tests.fixtures.tiny_models import make_tiny_model
-from tests.test_st_modules import write_st_model
+from tests.fixtures.st_models import write_st_model
 
 # one word up to well past the ±8-token window of the sliding layers (under the 64-token limit)
 TEXTS = ["x", "hello world", "a somewhat longer sentence about search and ranking",

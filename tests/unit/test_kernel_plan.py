@@ -13,7 +13,7 @@ from bouquet.bench.models import SHAPES
 from bouquet.engine.dispatch import render
 from bouquet.engine.plan import DeviceProfile, KernelPlan
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "engine.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "engine.md"
 # the families of docs/engine.md, by the shapes the benchmarks use
 FAMILIES = {"Qwen3 (Qwen3-0.6B shape)": "qwen3-0.6b", "BERT (all-MiniLM-L6-v2 shape)": "minilm",
             "BERT (bge-base shape)": "bge-base", "ModernBERT (ModernBERT-base shape)": "modernbert-base"}

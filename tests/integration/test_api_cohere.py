@@ -3,7 +3,7 @@ real server, through the official ``cohere`` client (ClientV2) and httpx; binary
 sentence-transformers' ``quantize_embeddings``; the STSb Spearman each encoding keeps (docs/api.md).
 
 The table of docs/api.md is printed by
-``PYTHONPATH=$PWD python -m pytest -q -s tests/test_api_cohere.py -k stsb``."""
+``PYTHONPATH=$PWD python -m pytest -q -s tests/integration/test_api_cohere.py -k stsb``."""
 from __future__ import annotations
 
 import base64

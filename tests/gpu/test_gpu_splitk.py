@@ -89,7 +89,7 @@ def test_engine_with_split_k_equals_cublas_engine_at_batch_1(tmp_path: Path, sha
     from bouquet.engine.runtime.batch import Batch
     from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer, replan
+    from tests.gpu.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]  # full width (the projections' real N and K), two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))

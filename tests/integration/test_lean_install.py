@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # the reference libraries of the test extra that the default model's package declares but serving never imports
 HEAVY = {"sentence-transformers", "transformers", "scipy", "scikit-learn"}
 

@@ -22,6 +22,7 @@ from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import ModelError, load_spec
 from bouquet.tokenization import TextTokenizer
 from helpers import BouquetProcess, cosine_rows
+from tests.fixtures.st_models import write_st_model
 from tests.fixtures.tiny_models import make_tiny_model
 
 # Mixed lengths: one word (3 tokens with [CLS]/[SEP]) up to the tiny model's 64-token limit.
@@ -33,34 +34,6 @@ MODES = ["cls", "mean", "max", "lasttoken", "weightedmean", "mean_sqrt_len_token
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model("bert", tmp_path_factory.mktemp("st") / "bert")
-
-
-def write_st_model(base: Path, out: Path, pooling: str | tuple[str, ...], dense: list[dict] | None = None,
-                   normalize: bool = True, seed: int = 7, prompts: dict[str, str] | None = None,
-                   include_prompt: bool = True) -> Path:
-    """Save ``base`` + Pooling(pooling) + Dense layers + Normalize with sentence-transformers.
-
-    ``dense``: per layer ``Dense`` keyword arguments (``in_features``, ``out_features``, ``bias``,
-    ``activation_function``), or the string "normalize" for a Normalize between them. Dense weights
-    are drawn wide (std 0.3) so that different inputs give clearly different vectors."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Dense, Normalize
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    torch.manual_seed(seed)
-    mods: list[torch.nn.Module] = [Transformer(str(base), max_seq_length=64),
-                                   Pooling(64, pooling_mode=pooling, include_prompt=include_prompt)]
-    for kw in dense or []:
-        if kw == "normalize":
-            mods.append(Normalize())
-            continue
-        layer = Dense(**kw)
-        torch.nn.init.normal_(layer.linear.weight, std=0.3)
-        mods.append(layer)
-    if normalize:
-        mods.append(Normalize())
-    SentenceTransformer(modules=mods, device="cpu", prompts=prompts).save(str(out))
-    return out
 
 
 def st_vectors(model_dir: Path, texts: list[str]) -> np.ndarray:
@@ -264,6 +237,7 @@ def test_unsupported_settings_are_named(tiny_bert, tmp_path, case):
     shutil.rmtree(d)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["cls", "max", "weightedmean", ("mean", "max")],
                          ids=lambda m: "+".join(m) if isinstance(m, tuple) else m)

@@ -32,7 +32,7 @@ from bouquet.bench.models import TINY_BERT, make_model_dir
 from bouquet.bench.stream import run_job, write_synthetic
 from helpers import STS_DIR as STSB
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:

@@ -45,7 +45,7 @@ class Handle:
 class DeviceLikeEngine:
     """Batches of at most ``graph_tokens`` tokens are "graph replays"; device time per batch is
     ``seconds(batch)``. Row i of a batch = [first token id of sequence i, 0, 0, 0]. Implements
-    ``bouquet.engine.runtime.contract.StepEngine`` (tests/test_contracts.py checks the real engines)."""
+    ``bouquet.engine.runtime.contract.StepEngine`` (tests/integration/test_contracts.py checks the real engines)."""
 
     inline_step = False
 

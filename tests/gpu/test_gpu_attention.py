@@ -130,7 +130,7 @@ def test_engine_one_long_causal_sequence_graph_equals_eager(tmp_path: Path, shap
     from bouquet.engine.runtime.batch import Batch
     from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer
+    from tests.gpu.test_gpu_fastpath import _tokenizer
 
     if shape == "qwen3-tiny-d64":
         s = tiny(SHAPES["qwen3-0.6b"], hidden=128, heads=2)

@@ -21,7 +21,7 @@ import torch
 
 from tests.fixtures.tiny_models import QWEN3_QUERY_PROMPT, make_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

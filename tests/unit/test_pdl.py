@@ -1,7 +1,7 @@
 """Which Triton launches take programmatic dependent launch (engine/kernels/pdl.py), on the CPU: the rule
 by kernel and grid size the H200 measurements chose, no PDL off CUDA, and unknown kernel names
 refused (a typo at a launch site would otherwise silently change the rule). The launches
-themselves are tested on the GPU (tests/test_gpu_pdl.py)."""
+themselves are tested on the GPU (tests/gpu/test_gpu_pdl.py)."""
 from __future__ import annotations
 
 import pytest

@@ -1,7 +1,7 @@
 """--quantization fp8 on the CPU: the quantization rule, the fp8 forward of each family against
 the model's own fp32 outputs, the accuracy of the real all-MiniLM-L6-v2 on STSb in fp8, the
 load-time refusal, and a real server started with the flag. (The Triton kernels and the CUDA
-GEMMs are tested on the GPU: tests/test_gpu_fp8.py.)
+GEMMs are tested on the GPU: tests/gpu/test_gpu_fp8.py.)
 
 On the CPU the fp8 numbers come from the same code (``ops.quantize_reference`` and PyTorch's
 reference ``_scaled_mm``), so what is checked here is the scheme's accuracy, not a stand-in."""
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bouquet.engine.kernels.rows import FP8_MAX, QRows, quantize_reference
+from tests.fixtures.fp8_checkpoints import fp8_checkpoint
 from tests.helpers import REPO, BouquetProcess, cosine_rows, read_sts
 
 
@@ -213,54 +214,6 @@ def test_qrows_shape_is_the_values_shape() -> None:
     assert q.shape == (3, 16) and q.dense is None
 
 
-def _fp8_checkpoint(src: Path, dst: Path, layout: str) -> Path:
-    """A copy of model directory ``src`` whose layer linears are stored in e4m3 the way fp8
-    checkpoints on the Hub store them: ``channel`` (compressed-tensors, weight_scale [N, 1]),
-    ``tensor`` (one scale per weight) or ``block`` (transformers' fp8, weight_scale_inv per 16 × 16
-    block); plus ``<dst>-dequantized``, the same weights as float32 (the reference)."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    state = load_file(str(src / "model.safetensors"))
-    quant: dict[str, torch.Tensor] = {}
-    deq: dict[str, torch.Tensor] = {}
-    for name, w in state.items():
-        linear = w.dim() == 2 and name.endswith(".weight") and "layer" in name and "embed" not in name and "norm" not in name.lower()
-        if not linear:
-            quant[name] = deq[name] = w
-            continue
-        w = w.float()
-        if layout == "block":
-            b = w.unflatten(0, (-1, 16)).unflatten(2, (-1, 16))  # [N/16, 16, K/16, 16]
-            s = b.abs().amax(dim=(1, 3)) / FP8_MAX  # [N/16, K/16]
-            full = s.repeat_interleave(16, 0).repeat_interleave(16, 1)
-            q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-            quant[name], quant[name + "_scale_inv"] = q, s
-            deq[name] = q.float() * full
-            continue
-        s = (w.abs().amax(1, keepdim=True) if layout == "channel" else w.abs().amax().reshape(1, 1)) / FP8_MAX
-        q = (w / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        quant[name] = q
-        quant[name[: -len("weight")] + "weight_scale"] = s if layout == "channel" else s.reshape(())
-        quant[name[: -len("weight")] + "input_scale"] = torch.tensor(0.05)  # a static activation scale: dropped
-        deq[name] = q.float() * s
-    out = {}
-    for d, tensors in ((dst, quant), (dst.with_name(dst.name + "-dequantized"), deq)):
-        shutil.copytree(src, d)
-        save_file(tensors, str(d / "model.safetensors"))
-        out[d] = tensors
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"] = ({"quant_method": "fp8", "weight_block_size": [16, 16], "activation_scheme": "dynamic"}
-                                  if layout == "block" else
-                                  {"quant_method": "compressed-tensors", "format": "float-quantized",
-                                   "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                                       "num_bits": 8, "type": "float", "strategy": layout, "symmetric": True}}}})
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
 @pytest.mark.parametrize("kind,layout", [("qwen3", "channel"), ("bert", "channel"), ("bert", "tensor"), ("qwen3", "block")])
 def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, layout: str) -> None:
     """Without --quantization fp8 the model runs the dequantized weights (equal to a float32
@@ -272,7 +225,7 @@ def test_checkpoint_stored_in_fp8_loads_as_stored(tmp_path: Path, kind: str, lay
     from tests.fixtures.tiny_models import make_tiny_model
 
     src = make_tiny_model(kind, tmp_path / "src")
-    ckpt = _fp8_checkpoint(src, tmp_path / "fp8", layout)
+    ckpt = fp8_checkpoint(src, tmp_path / "fp8", layout)
     ref = _engine(tmp_path / "fp8-dequantized")
     plain, fp8 = _engine(ckpt), _engine(ckpt, "fp8", fp8_min_cosine=0.0)
     assert plain.stored_fp8.description.startswith("checkpoint stores")
@@ -298,7 +251,7 @@ def test_fp8_checkpoint_without_scales_is_refused_by_name(tmp_path: Path) -> Non
 
     from tests.fixtures.tiny_models import make_tiny_model
 
-    ckpt = _fp8_checkpoint(make_tiny_model("bert", tmp_path / "src"), tmp_path / "fp8", "channel")
+    ckpt = fp8_checkpoint(make_tiny_model("bert", tmp_path / "src"), tmp_path / "fp8", "channel")
     state = load_file(str(ckpt / "model.safetensors"))
     gone = next(k for k in state if k.endswith(".weight_scale"))
     del state[gone]

@@ -2,7 +2,7 @@
 one and the no-op one) are ``contract.StepEngine``s with ``ResultHandle`` results, every
 registered architecture's class is a ``models.base.PackedModel``, the family table is the one
 source of architecture facts, and the replica's CUDA-graph counters reach /metrics (0 on the
-CPU with --enforce-eager; tests/test_gpu_fastpath.py checks them nonzero on a GPU)."""
+CPU with --enforce-eager; tests/gpu/test_gpu_fastpath.py checks them nonzero on a GPU)."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -18,28 +17,12 @@ from bouquet.engine.runtime.batch import Batch
 from bouquet.engine.runtime.contract import ResultHandle, StepEngine
 from bouquet.families import FAMILIES, family
 from bouquet.modelspec import load_spec
-from helpers import BouquetProcess
+from helpers import BouquetProcess, graph_counters
 from tests.fixtures.tiny_models import make_tiny_model
 
 MEMBERS = ("spec", "out_dim", "info", "inline_step", "graph_captures", "graph_replays",
            "step", "replays", "warmup", "shutdown")
 BATCH = Batch.pack([np.array([101, 7592, 2088, 102], np.int32), np.array([101, 102], np.int32)])
-
-
-def graph_counters(url: str) -> dict[str, float]:
-    """Sum over replicas of bouquet_replica_graph_{captures,replays} scraped from ``url``/metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {"captures": 0.0, "replays": 0.0}
-    seen = set()
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in fam.samples:
-            for k in out:
-                if s.name in (f"bouquet_replica_graph_{k}", f"bouquet_replica_graph_{k}_total"):
-                    out[k] += s.value
-                    seen.add(k)
-    assert seen == set(out), f"/metrics lacks the graph counters: {sorted(seen)}"
-    return out
 
 
 def check_engine(e: StepEngine) -> None:

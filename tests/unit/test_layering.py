@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "bouquet"
+PKG = Path(__file__).resolve().parents[2] / "bouquet"
 # (importer prefix, imported prefix) pairs that must not occur
 FORBIDDEN = [
     ("bouquet.engine", "bouquet.server"), ("bouquet.engine", "bouquet.gateway"), ("bouquet.engine", "bouquet.jobs"),

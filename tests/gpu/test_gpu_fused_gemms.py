@@ -62,7 +62,7 @@ def test_engine_with_fused_gemms_equals_engine_without(tmp_path: Path, shape: st
     from bouquet.engine.runtime.batch import Batch
     from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer, replan
+    from tests.gpu.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]  # full width, two layers, a short vocabulary
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))
@@ -142,7 +142,7 @@ def test_engine_with_small_gemms_equals_engine_without_at_batch_1(tmp_path: Path
     from bouquet.engine.runtime.batch import Batch
     from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer, replan
+    from tests.gpu.test_gpu_fastpath import _tokenizer, replan
 
     s = SHAPES[shape]
     s = replace(s, config=dict(s.config, num_hidden_layers=2, vocab_size=min(s.config["vocab_size"], 32768)))

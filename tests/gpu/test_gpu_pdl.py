@@ -63,7 +63,7 @@ def test_engine_with_pdl_gives_the_same_bits(tmp_path: Path, shape: str, quantiz
     from bouquet.engine.runtime.batch import Batch
     from bouquet.engine.runtime.engine import Engine, GraphOptions
     from bouquet.modelspec import load_spec
-    from tests.test_gpu_fastpath import _tokenizer, replan
+    from tests.gpu.test_gpu_fastpath import _tokenizer, replan
 
     if not pdl.supported(0):
         pytest.skip("no programmatic dependent launch on this GPU / CUDA / Triton")

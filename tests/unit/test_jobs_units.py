@@ -19,7 +19,7 @@ from bouquet.jobs.packer import Group, Packer, drain, scatter
 from bouquet.jobs.reader import InputError, discover, read_chunks, resolve_id_column
 from bouquet.jobs.writer import Manifest, ResumeError, ShardWriter, read_output
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["first doc", "second, with a comma", 'third "quoted"', "fourth\twith a tab", "fifth", "sixth", "seventh"]
 
 
