@@ -190,7 +190,7 @@ def spec_from_config(
     name_hint: str = "",
 ) -> ModelSpec:
     """A ModelSpec from an already-read config.json (plus sentence-transformers files when the
-    directory has them). ``path`` None is for in-memory models (bench/gpu_models_check.py): no
+    directory has them). ``path`` None is for in-memory models (bouquet/bench/tools/models_check.py): no
     tokenizer is read then. Raises ModelError with the offending value."""
     archs = cfg.get("architectures") or []
     if not archs:

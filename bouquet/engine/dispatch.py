@@ -3,7 +3,7 @@ one engine step), in the model dtype and with ``--quantization fp8``, under a ke
 
 Rendered from the same objects the engine uses (the model class built on the meta device and
 fused, ``linear.assign_methods`` under ``plan.KernelPlan``, each method's ``describe``), so the
-table in docs/engine.md is checked against the code (tests/test_dispatch_table.py) and a plan
+table in docs/engine.md is checked against the code (tests/unit/test_kernel_plan.py) and a plan
 can be printed for any ``DeviceProfile``.
 """
 from __future__ import annotations

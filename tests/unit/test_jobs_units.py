@@ -189,7 +189,7 @@ def test_npy_output_and_resume_refusal(tmp_path: Path) -> None:
 def test_gpu_bench_runs_tiny_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "embed_gpu.py"), str(out), "--tiny", "--device", "cpu",
+    p = subprocess.run([sys.executable, "-m", "bouquet", "bench", "embed", str(out), "--tiny", "--device", "cpu",
                         "--rows", "60", "--work-dir", str(tmp_path / "w")], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text())

@@ -3,7 +3,7 @@ of an engine, written down. Torch-free (numpy and the model spec), so the no-op 
 replica never loads torch.
 
 Implemented by ``engine.Engine`` (the model on a device) and ``noop.NoopEngine`` (no model: a
-benchmarking aid); ``tests/test_contracts.py`` checks both. The contract between the scheduler
+benchmarking aid); ``tests/integration/test_contracts.py`` checks both. The contract between the scheduler
 and the engine's input is ``batch.Batch``; the one between the engine and a model class is
 ``models/base.py``.
 """

@@ -1,5 +1,5 @@
 """A benchmarking aid: an engine that runs no model (``bouquet serve --engine noop``, and the
-host-side ceiling of ``bench/embed_gpu.py``).
+host-side ceiling of ``bouquet bench embed``).
 
 It answers every packed batch with rows of the model's output size, so that a benchmark through
 the real gateway → gRPC → scheduler → service path (or the batch job's read → tokenize → pack →
