@@ -37,4 +37,4 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(ARGS)
 
 bench-cpu: $(VENV)/.installed-test
-	$(PY) bench/cpu_sts.py
+	$(VENV)/bin/bouquet bench --benchmarks cpu --out bench/out/cpu $(ARGS)

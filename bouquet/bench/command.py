@@ -10,16 +10,19 @@ from typing import Optional
 
 import typer
 
+DEFAULT_SYSTEMS = ["engine", "grpc", "http", "transformers"]
+
 
 def bench(
     model: list[str] = typer.Option(["bge-base"], metavar="SHAPE|DIR", help="Model shape(s), random weights: a name of bouquet/bench/models.py SHAPES (bge-base, minilm, "
                                     "qwen3-0.6b, mpnet-base, modernbert-base, distilbert, roberta-large, gte-qwen2-1.5b, e5-mistral-7b, "
                                     "embeddinggemma-300m); "
                                     "or a model directory (its own weights and tokenizer). Repeatable."),
-    system: list[str] = typer.Option(["engine", "grpc", "http", "transformers"], metavar="NAME",
+    system: list[str] = typer.Option(DEFAULT_SYSTEMS, metavar="NAME",
                                      help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-fp8-rowwise (fp8 with row-wise scaled GEMMs from 1,024 tokens: the baseline of deferred scales) | engine-fa2 (the same, FlashAttention-2 for unequal lengths: the baseline of the Triton kernel) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K and qkv / MLP-in for small steps, gate/up + activation for large ones; the same as engine on the CPU) | replica, replica-fp8 (in process, stepped as a served replica steps it: its scheduler, token budget and two steps in flight; engine runs a whole request as one step) | grpc | http | http-fp8 (serve --quantization fp8) | http-graph8192 (serve --graph-max-tokens 8192: the previous graph limit) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
                                      "noop) | openai | rerank-url (--rerank-url, rerank benchmark only) | transformers. Repeatable."),
-    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank)."),
+    benchmarks: str = typer.Option("1,2,3,mixed,4", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank); "
+                                    "or cpu alone: all-MiniLM-L6-v2 on the CPU against sentence-transformers and ONNX Runtime (systems: bouquet/bench/cpu.py)."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
     out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
     models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
@@ -54,6 +57,9 @@ def bench(
     rerank_model: Optional[str] = typer.Option(None, help="The 'model' field sent to --rerank-url (default: none sent)."),
 ) -> None:
     """Run the benchmarks (bench/README.md) against bouquet and the transformers baseline, side by side."""
+    if benchmarks == "cpu":  # its own suite and systems (bouquet/bench/cpu.py)
+        _cpu_suite(system, out, tiny)
+        return
     if device not in ("cuda", "cpu"):
         typer.echo(f"error: --device must be cuda or cpu, got {device!r}", err=True)
         raise typer.Exit(2)
@@ -101,6 +107,24 @@ def bench(
     for f in files:
         typer.echo(f"wrote {f}")
     if any(m["errors"] for m in results["models"].values()):
+        raise typer.Exit(1)
+
+
+def _cpu_suite(system: list[str], out: Path, tiny: bool) -> None:
+    """`--benchmarks cpu`: every CPU system unless --system names some (bouquet/bench/cpu.py);
+    --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run)."""
+    from bouquet.bench.cpu import CPU_SYSTEMS, run_suite
+
+    chosen = tuple(system) if system != DEFAULT_SYSTEMS else CPU_SYSTEMS
+    bad = [s for s in chosen if s not in CPU_SYSTEMS]
+    if bad:
+        typer.echo(f"error: unknown --system {', '.join(bad)} for --benchmarks cpu (choose from {', '.join(CPU_SYSTEMS)})",
+                   err=True)
+        raise typer.Exit(2)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    record = run_suite(chosen, out, sentences=16 if tiny else 0, b1=8 if tiny else 200)
+    typer.echo((out / "cpu-results.md").read_text())
+    if any("error" in r for r in record["systems"].values()):
         raise typer.Exit(1)
 
 

@@ -45,6 +45,7 @@ from torch import nn
 
 
 from bouquet.engine import fused_gemms, splitk
+from bouquet.engine.cpu_linear import CpuLinear
 from bouquet.engine.fp8_checkpoint import StoredFp8, stored_rows_for
 from bouquet.engine.fp8_rows import FP8, FP8_MAX, PartialRows, QRows, ScaledRows, TINY
 
@@ -90,6 +91,7 @@ class Projection:
         self.fp8_stored = False  # fp8 rows taken from the checkpoint as stored (fp8_checkpoint.py)
         self.fp8_min_tokens: int | None = None
         self._one: torch.Tensor | None = None  # [] float32 1.0 on the device: the unit scale, when deferred
+        self.cpu: "CpuLinear | None" = None  # the engine's CPU kernel for model-dtype rows (cpu_linear.attach)
 
     @classmethod
     def of(cls, linear: nn.Linear, kind: str, defer: bool = False, split_k: bool = False) -> "Projection":
@@ -117,6 +119,8 @@ class Projection:
 
     def __call__(self, x: "torch.Tensor | QRows") -> "torch.Tensor | ScaledRows | PartialRows":
         if not isinstance(x, QRows):
+            if self.cpu is not None:
+                return self.cpu.apply(x)
             if self.split_k and x.shape[0] <= splitk.MAX_TOKENS and splitk.usable(x):
                 parts = splitk.splitk_linear(x, self.weight, self.bias)
                 if parts is not None:

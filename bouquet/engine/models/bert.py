@@ -145,6 +145,8 @@ class PostNormLayer(nn.Module):
         else:
             xd = dense_rows(x)
             g = small_linear(xd, p.up.weight, p.up.bias, self.act_name) if self.small_gemms else None  # ≤ 128 tokens
+            if g is None and self.up.cpu is not None:  # the engine's CPU kernel (cpu_linear.py)
+                g = activation(self.act_name)(self.up(xd))
             g = linear_gelu(xd, p.up, self.act_name) if g is None else g  # [T, intermediate]
             g = quantize_rows(g) if down8 else g
         return add_layer_norm(self.down(g), dense_rows(x), p.out_norm, self.qkv.use_fp8(T))
