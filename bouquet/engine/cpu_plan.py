@@ -37,8 +37,12 @@ SMOOTHED_KINDS: tuple[str, ...] = ("qkv", "o", "up")
 
 def attach(model: nn.Module) -> str:
     """Give every Projection of ``model`` (on the CPU, after ``fuse``) a ``OneDnnLinear`` in the
-    model dtype. Returns the plan as logged."""
-    for p in projections(model):
+    model dtype, fp32 or bf16 (fp16 stays ``F.linear``: oneDNN's fp16 linear needs AVX-NE-CONVERT or
+    AVX512-FP16). Returns the plan as logged."""
+    projs = list(projections(model))
+    if not projs or projs[0].weight.dtype not in (torch.float32, torch.bfloat16):
+        return "F.linear"
+    for p in projs:
         p.cpu = OneDnnLinear.prepare(p.weight, p.bias)
     return "oneDNN, prepacked weights"
 
@@ -64,6 +68,9 @@ def quantize_int8(model: nn.Module, forward: Callable[[Batch], torch.Tensor], ba
     if bad:
         raise ValueError(f"int8 kinds must be among {', '.join(KINDS)}, got {', '.join(bad)}")
     chosen = [p for p in projections(model) if p.kind in kinds and p.cpu is not None]
+    if not chosen:
+        raise ValueError(f"--quantization int8 is not supported for {type(model).__name__} in this dtype: it needs "
+                         "fp32 or bf16 and the matmuls of a BERT-family encoder or a decoder")
     recorders = [MaxRecorder(p.cpu) for p in chosen]  # type: ignore[arg-type]
     for p, r in zip(chosen, recorders):
         p.cpu = r
