@@ -81,16 +81,22 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
     model = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
 
     class ByName(torch.nn.Module):  # transformers' forward takes more positional arguments than these
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = model  # a submodule: its weights export as initializers
+
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     token_type_ids: torch.Tensor) -> torch.Tensor:
-            return model(input_ids=input_ids, attention_mask=attention_mask,
-                         token_type_ids=token_type_ids).last_hidden_state
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
 
     ids = torch.ones((2, 16), dtype=torch.long)
     names = ["input_ids", "attention_mask", "token_type_ids"]
     axes = {n: {0: "batch", 1: "seq"} for n in names} | {"last_hidden_state": {0: "batch", 1: "seq"}}
-    torch.onnx.export(ByName(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(plain), input_names=names,
-                      output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    with torch.no_grad():
+        torch.onnx.export(ByName(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(plain),
+                          input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
+                          dynamo=False)
     from onnxruntime.transformers.optimizer import optimize_model
 
     cfg = model.config
@@ -110,7 +116,11 @@ def _ort(model_dir: Path, int8: bool, threads: int, out: Path) -> Encode:
 
         q = out / "minilm-fused-int8.onnx"
         if not q.is_file():
-            quantize_dynamic(str(graph), str(q), weight_type=QuantType.QInt8)
+            import onnx
+
+            # the fused graph's com.microsoft ops defeat ONNX shape inference: types default to float
+            quantize_dynamic(str(graph), str(q), weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         graph = q
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
