@@ -91,10 +91,12 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
                              token_type_ids=token_type_ids).last_hidden_state
 
     ids = torch.ones((2, 16), dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0  # a padded row: an all-ones mask lets transformers skip the mask, and the trace with it
     names = ["input_ids", "attention_mask", "token_type_ids"]
     axes = {n: {0: "batch", 1: "seq"} for n in names} | {"last_hidden_state": {0: "batch", 1: "seq"}}
     with torch.no_grad():
-        torch.onnx.export(ByName(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(plain),
+        torch.onnx.export(ByName(), (ids, mask, torch.zeros_like(ids)), str(plain),
                           input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
                           dynamo=False)
     from onnxruntime.transformers.optimizer import optimize_model
@@ -127,6 +129,7 @@ def _ort(model_dir: Path, int8: bool, threads: int, out: Path) -> Encode:
     sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tok.enable_truncation(256)  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
+    tok.no_padding()  # the file's own padding setting would pad every text to the longest of the call
 
     def encode(texts: list[str]) -> np.ndarray:
         encs = tok.encode_batch(texts)
