@@ -20,7 +20,7 @@ percentile of 200 calls, all-MiniLM-L6-v2's shapes; docs/decisions.md has the ta
   long outlier text in the batch would change every other text's rounding).
 
 What this module does not own: which projections run int8 and the load-time accuracy gate
-(engine.py / cpu_quant.py), the CPU's flags (read by the engine at load, passed in here).
+(cpu_plan.py), the CPU's flags (read by the engine at load, passed in here).
 """
 from __future__ import annotations
 
