@@ -45,4 +45,4 @@ test-gpu: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m gpu tests $(ARGS)
 
 bench-cpu: $(VENV)/.installed-test
-	$(PY) -m bouquet bench cpu-sts $(ARGS)
+	$(PY) -m bouquet bench --suite cpu --out bench/out/cpu $(ARGS)

@@ -55,10 +55,12 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
         _default("allow_pickle"), "--allow-pickle", help="Load pickled weights (pytorch_model.bin) when a model has no "
         "safetensors, with torch.load(weights_only=True). Off: such models are refused.")),
     "dtype": (str, "dtype", typer.Option(
-        _default("dtype"), help="auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16")),
+        _default("dtype"), envvar="BOUQUET_DTYPE", help="auto (bf16 on GPU; on CPU bf16 where it has AVX512-BF16 or AMX, "
+        "else fp32) | float32 | float16 | bfloat16")),
     "quantization": (str, "quantization", typer.Option(
         _default("quantization"), help="none | fp8: matmuls in fp8 e4m3 (weights per channel, activations per token) on every batch: "
-        "decoders' MLP, encoders' q/k/v; refused when it moves the "
+        "decoders' MLP, encoders' q/k/v; "
+        "int8 (CPU only): every matmul in int8 (weights per channel, activations per token); each refused when it moves the "
         "model's outputs (docs/quantization.md).")),
     "max_batch_tokens": (int, "max_batch_tokens", typer.Option(
         _default("max_batch_tokens"),

@@ -21,8 +21,8 @@ EngineKind = Literal["torch", "noop"]
 ENGINES: tuple[str, ...] = ("torch", "noop")
 Transport = Literal["auto", "grpc"]
 TRANSPORTS: tuple[str, ...] = ("auto", "grpc")
-Quantization = Literal["none", "fp8"]
-QUANTIZATIONS: tuple[str, ...] = ("none", "fp8")
+Quantization = Literal["none", "fp8", "int8"]
+QUANTIZATIONS: tuple[str, ...] = ("none", "fp8", "int8")
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")  # Python logging's names
 
 # Default sizes, written here only (the server, the offline job and the CLI read them from here).
@@ -43,6 +43,12 @@ CPU_BATCH_TOKENS = 2048
 # fp8 is refused for a model whose outputs on a probe batch fall below this cosine against its
 # own bf16 outputs (engine.py, at load).
 FP8_MIN_COSINE = 0.995
+# --quantization int8 (CPU) is refused for a model whose outputs on the probe batch fall below this
+# cosine against its own unquantized outputs (engine/runtime/cpu_plan.py, at load). Looser than fp8's bar:
+# int8's uniform levels lose more than e4m3 on the few outlier channels encoders carry. all-MiniLM-L6-v2
+# passes it (probe 0.9965; STSb test worst vector 0.9924, Spearman 0.8195 vs fp32 0.8203:
+# docs/decisions.md); ONNX Runtime's naive int8 of the same model (0.80) would not.
+INT8_MIN_COSINE = 0.99
 # Request limits (gateway). Tokens per request: the tokens the model runs for one request, all its
 # inputs together (after tokenization and truncation: usage.prompt_tokens); 100 × 4,096 by default.
 MAX_REQUEST_TOKENS = 100 * 4096
@@ -200,6 +206,8 @@ class ServeConfig:
             raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.quantization == "int8" and self.device == "cuda":
+            raise ConfigError("--quantization int8 runs on the CPU only (--device cpu); on a GPU use fp8")
         if self.engine == "noop" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs a model: --engine noop runs none")
         for name in ("port", "grpc_port"):

@@ -22,6 +22,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.gpu)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fp32_cpu_auto() -> Iterator[None]:
+    """The references (transformers, sentence-transformers) run in fp32, and most comparisons are
+    tighter than bf16's rounding: tests resolve the CPU's ``--dtype auto`` to fp32 whatever the CI
+    machine's CPU has (on one with AVX512-BF16 or AMX it would be bf16). A test that passes a
+    dtype gets it; tests/test_cpu_path.py covers ``auto`` itself."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BOUQUET_DTYPE", "float32")  # `bouquet serve` children, unless given --dtype
+        mp.setattr("bouquet.engine.runtime.engine.cpu_flags", lambda: frozenset())  # engines built in this process
+        yield
+
+
 @pytest.fixture(scope="session")
 def minilm_server() -> Iterator[BouquetProcess]:
     """The embedded default model served on the CPU by the real `bouquet serve`."""

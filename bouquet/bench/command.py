@@ -30,7 +30,7 @@ def bench(
     system: list[str] = typer.Option([], metavar="NAME",
                                      help="Systems: engine (in process) | engine-fp8 (the same, --quantization fp8) | engine-cublas, engine-fp8-cublas (none of the engine's Triton GEMMs, as serve --no-triton-gemms: split-K and qkv / MLP-in for small steps, gate/up + activation for large ones; the same as engine on the CPU) | replica, replica-fp8 (in process, stepped as a served replica steps it: its scheduler, token budget and two steps in flight; engine runs a whole request as one step) | grpc | http | http-fp8 (serve --quantization fp8) | http-cublas (serve --no-triton-gemms) | http-noop (bouquet serve --engine "
                                      "noop) | openai | rerank-url (--rerank-url, rerank benchmark only) | transformers. Repeatable (default: the suite's)."),
-    benchmarks: str = typer.Option("", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank). Default: the suite's."),
+    benchmarks: str = typer.Option("", help="Comma-separated: 1,2,3,mixed,4 (bench/README.md), 5 (online queries), rerank (one query against N documents, /v1/rerank); or cpu alone: all-MiniLM-L6-v2 on the CPU against sentence-transformers and ONNX Runtime (systems: bouquet/bench/cpu.py). Default: the suite's."),
     device: str = typer.Option("cuda", help="cuda | cpu"),
     out: Path = typer.Option(Path("bench/out"), help="Folder for results.json, results.md and the plots."),
     models_root: Optional[Path] = typer.Option(None, help="Where random-weight model folders are built (default OUT/models)."),
@@ -79,6 +79,9 @@ def bench(
         raise typer.Exit(2)
     system = system or list(LOAD_SUITES[suite].systems)
     benchmarks = benchmarks or ",".join(LOAD_SUITES[suite].benchmarks)
+    if benchmarks == "cpu":  # its own suite and systems (bouquet/bench/cpu.py)
+        _cpu_suite(system, out, tiny)
+        return
     if device not in ("cuda", "cpu"):
         typer.echo(f"error: --device must be cuda or cpu, got {device!r}", err=True)
         raise typer.Exit(2)
@@ -165,6 +168,24 @@ def _tool(name: str, module: str, what: str) -> None:
 
 for _name, (_module, _device, _what) in TOOL_SUITES.items():
     _tool(_name, _module, f"{_what} ({_device}).")
+
+
+def _cpu_suite(system: list[str], out: Path, tiny: bool) -> None:
+    """`--benchmarks cpu`: every CPU system unless --system names some (bouquet/bench/cpu.py);
+    --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run)."""
+    from bouquet.bench.cpu import CPU_SYSTEMS, run_suite
+
+    chosen = tuple(system)
+    bad = [s for s in chosen if s not in CPU_SYSTEMS]
+    if bad:
+        typer.echo(f"error: unknown --system {', '.join(bad)} for --benchmarks cpu (choose from {', '.join(CPU_SYSTEMS)})",
+                   err=True)
+        raise typer.Exit(2)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    record = run_suite(chosen, out, sentences=16 if tiny else 0, b1=8 if tiny else 200)
+    typer.echo((out / "cpu-results.md").read_text())
+    if any("error" in r for r in record["systems"].values()):
+        raise typer.Exit(1)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

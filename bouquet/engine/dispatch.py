@@ -2,7 +2,7 @@
 one engine step), in the model dtype and with ``--quantization fp8``, under a kernel plan.
 
 Rendered from the same objects the engine uses (the model class built on the meta device and
-fused, ``linear.assign_methods`` under ``plan.KernelPlan``, each method's ``describe``), so the
+fused, ``linear.select.assign_methods`` under ``plan.KernelPlan``, each method's ``describe``), so the
 table in docs/engine.md is checked against the code (tests/unit/test_kernel_plan.py) and a plan
 can be printed for any ``DeviceProfile``.
 """
@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from bouquet.engine.attention.backends import SdpaGroupedBackend
-from bouquet.engine.linear.base import Linear, assign_methods
+from bouquet.engine.linear.base import Linear
+from bouquet.engine.linear.select import assign_methods
 from bouquet.engine.plan import FP8_MIN_TOKENS, DeviceProfile, KernelPlan
 from bouquet.engine.linear.fp8 import Fp8Linear
 from bouquet.engine.models.registry import model_class
@@ -68,7 +69,8 @@ def render(families: dict[str, dict[str, Any]], profile: DeviceProfile) -> str:
     out = [f"Device profile: {profile.name} (capability {profile.capability[0]}.{profile.capability[1]}, "
            f"{profile.sms} SMs); split-K {'on' if plan.split_k else 'off'}, gate/up + act "
            f"{'on' if plan.gate_up_act else 'off'}, small-step Triton GEMMs {'on' if plan.small_gemms else 'off'}, "
-           f"programmatic dependent launch {'on' if profile.pdl else 'off'}."]
+           f"programmatic dependent launch {'on' if profile.pdl else 'off'}"
+           + (", oneDNN linears with prepacked weights." if plan.onednn else ".")]
     for title, cfg in families.items():
         for fp8 in (False, True):
             dtype = "bf16" if profile.kind == "cuda" else "fp32"

@@ -3,7 +3,7 @@ engine's kernel choices read, and which families of Triton kernels run (``Kernel
 
 Nothing else in the engine asks the device what it is: ``profile_of(device)`` answers once per
 device and everything reads its answer. ``KernelPlan.for_profile`` makes the load-time choices
-(linear.assign_methods gives each projection its method from it; dispatch.py renders the table of
+(linear.select.assign_methods gives each projection its method from it; dispatch.py renders the table of
 what runs per family and step size, shown in docs/engine.md). The figures behind each threshold
 are in docs/decisions.md ("2026-12-04: the kernel plan").
 
@@ -219,20 +219,24 @@ def gate_up_smem() -> int:
 @dataclass(frozen=True)
 class KernelPlan:
     """Which families of Triton GEMMs an engine runs (each choice per projection and step size is
-    then made by linear.assign_methods): ``split_k`` (hidden-size projections of small steps),
+    then made by linear.select.assign_methods): ``split_k`` (hidden-size projections of small steps),
     ``gate_up_act`` (gated MLPs' gate/up + activation, large steps), ``small_gemms`` (qkv and MLP-in
     of small steps, worth it only with PDL); all on a measured Hopper (``small_gemms`` with PDL
-    too) unless ``triton_gemms`` is off (``--no-triton-gemms``), all off elsewhere."""
+    too) unless ``triton_gemms`` is off (``--no-triton-gemms``), all off elsewhere. ``onednn``: on
+    the CPU every fp32 / bf16 projection runs oneDNN with its weight prepacked at load (at 14
+    tokens 40% faster than PyTorch's GEMM, on par in bulk: docs/decisions.md, 2026-12-04)."""
 
     profile: DeviceProfile
     split_k: bool
     gate_up_act: bool
     small_gemms: bool
+    onednn: bool = False  # the CPU: oneDNN linears with prepacked weights (linear/cpu.py)
 
     @classmethod
     def for_profile(cls, profile: DeviceProfile, triton_gemms: bool = True) -> "KernelPlan":
         on = triton_gemms and profile.measured_hopper
-        return cls(profile, on, on, on and profile.pdl)
+        cpu = profile.kind == "cpu" and torch.backends.mkldnn.is_available()
+        return cls(profile, on, on, on and profile.pdl, cpu)
 
     def log_lines(self) -> list[str]:
         """What the engine logs at start (CUDA)."""

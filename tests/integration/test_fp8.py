@@ -138,7 +138,7 @@ def test_serve_with_fp8_answers_close_to_fp32_and_bad_values_are_refused(tmp_pat
     model_dir = make_tiny_model("bert", tmp_path / "bert")
     bad = subprocess.run([sys.executable, "-m", "bouquet", "serve", "--model", str(model_dir), "--quantization", "int3"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--quantization must be one of none, fp8, got 'int3'" in bad.stderr
+    assert bad.returncode == 2 and "--quantization must be one of none, fp8, int8, got 'int3'" in bad.stderr
     texts = [" ".join(f"word{i}" for i in range(n)) for n in range(1, 60)]  # 1,000+ tokens in one request
     rows = {}
     for q in ("none", "fp8"):

@@ -39,10 +39,11 @@ def test_only_a_measured_hopper_gets_the_triton_gemms() -> None:
     on = KernelPlan.for_profile(h200)
     assert h200.measured_hopper and h200.pdl and on.split_k and on.gate_up_act and on.small_gemms
     assert KernelPlan.for_profile(h200, triton_gemms=False) == KernelPlan(h200, False, False, False)
-    for other in (replace(h200, capability=(8, 9)), replace(h200, capability=(10, 0)), replace(h200, hip=True),
-                  DeviceProfile.cpu()):
+    for other in (replace(h200, capability=(8, 9)), replace(h200, capability=(10, 0)), replace(h200, hip=True)):
         assert not other.measured_hopper
         assert KernelPlan.for_profile(other) == KernelPlan(other, False, False, False)
+    cpu = DeviceProfile.cpu()  # no Triton GEMMs; oneDNN linears with prepacked weights
+    assert not cpu.measured_hopper and KernelPlan.for_profile(cpu) == KernelPlan(cpu, False, False, False, True)
     no_pdl = replace(h200, gdc=False)  # a Triton without griddepcontrol: the small GEMMs no longer pay
     assert KernelPlan.for_profile(no_pdl) == KernelPlan(no_pdl, True, True, False)
 

@@ -1,5 +1,5 @@
 """Linear layers as the engine runs them: a ``Linear`` per projection, and the ``LinearMethod``
-that computes it, chosen once at load (``assign_methods``, from the kernel plan) — the shape of
+that computes it, chosen once at load (``select.assign_methods``, from the kernel plan) — the shape of
 vLLM's ``quant_method.apply(layer, x)``: the layer holds the weights and what its readers accept,
 the method holds how. Model forwards call ``layer(x)``; they never test the device, the dtype or
 the step size.
@@ -28,7 +28,7 @@ from bouquet.engine.kernels.rows import PartialRows, QRows, ScaledRows, dense_ro
 from bouquet.engine.kernels.layers import activation
 from bouquet.engine.kernels.ops import FP8_ACTS, act_quant, gelu_mul, gelu_tanh_mul, linear_gelu, quantize_rows, silu_mul
 from bouquet.engine.plan import (GATE_UP_MIN_TOKENS, GATE_UP_MIN_WAVES, SMALL_MAX_OUTPUTS, SMALL_MAX_TOKENS,
-                                 SPLITK_MAX_TOKENS, DeviceProfile, KernelPlan, gate_up_smem, gate_up_tiles, small_tiles,
+                                 SPLITK_MAX_TOKENS, DeviceProfile, gate_up_smem, gate_up_tiles, small_tiles,
                                  splitk_plan)
 
 Out = "torch.Tensor | QRows | ScaledRows | PartialRows"
@@ -227,23 +227,3 @@ def linears(model: nn.Module) -> Iterable[Linear]:
         fn = getattr(m, "linears", None)
         if callable(fn):
             yield from fn()
-
-
-def method_for(layer: Linear, plan: KernelPlan) -> LinearMethod:
-    """The model-dtype method of ``layer`` under ``plan``: split-K for projections read only by an
-    add + norm kernel, the gated Triton GEMMs for gate/up projections, the small-step Triton GEMM
-    for qkv and BERT's intermediate; cuBLAS for the rest and wherever the plan has them off."""
-    if layer.readers == "norm" and plan.split_k:
-        return SplitKLinear()
-    if layer.gated in fused_gemms.ACTS and layer.bias is None and (plan.small_gemms or plan.gate_up_act):
-        return GatedTritonLinear(plan.small_gemms, plan.gate_up_act)
-    if plan.small_gemms and (layer.kind == "qkv" or (layer.kind == "up" and layer.act is not None)):
-        return SmallTritonLinear()
-    return CublasLinear()
-
-
-def assign_methods(model: nn.Module, plan: KernelPlan) -> None:
-    """Give every Linear of ``model`` (after ``fuse``) its model-dtype method; once, at load."""
-    for layer in linears(model):
-        layer.method = method_for(layer, plan)
-        layer.method.process_weights_after_loading(layer)

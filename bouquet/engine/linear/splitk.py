@@ -9,7 +9,7 @@ split-K ("sliced-K") decomposition with the reduction moved into the consumer. T
 token limit: plan.py (``splitk_plan``); measurements: docs/decisions.md, "the kernel plan".
 
 What this module does not own: which projections may return parts (linear/base.py: only those whose
-every reader is an add + norm kernel) or when (plan.py, linear.assign_methods).
+every reader is an add + norm kernel) or when (plan.py, linear.select.assign_methods).
 """
 from __future__ import annotations
 

@@ -23,16 +23,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bouquet.config import FP8_MIN_COSINE, GRAPH_MAX_TOKENS, MAX_BATCH_SEQS, ServeConfig
+from bouquet.config import FP8_MIN_COSINE, GRAPH_MAX_TOKENS, INT8_MIN_COSINE, MAX_BATCH_SEQS, ServeConfig
 from bouquet.engine.attention.backends import AttentionBackend, VarlenBackend, select_backend
 from bouquet.engine.runtime.batch import Batch
 from bouquet.engine.runtime.buckets import bucket_for, load_hot, startup_buckets
+from bouquet.engine.runtime import cpu_plan
 from bouquet.engine.runtime.contract import EngineInfo
+from bouquet.engine.linear.cpu import cpu_dtype, cpu_flags
 from bouquet.engine.linear.fp8_checkpoint import split_fp8_checkpoint
 from bouquet.engine.runtime.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.heads.m3_heads import M3Heads
 from bouquet.engine.heads.pooling import pooler
-from bouquet.engine.linear.base import GatedTritonLinear, assign_methods, linears
+from bouquet.engine.linear.base import GatedTritonLinear, linears
+from bouquet.engine.linear.select import assign_methods
 from bouquet.engine.models.base import PackedModel
 from bouquet.engine.linear.fp8 import enable_fp8, fp8_linears, output_cosines, set_fp8_min_tokens
 from bouquet.engine.linear.triton_gemms import compile_now
@@ -59,9 +62,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """'auto' → bfloat16 on CUDA, float32 on CPU."""
+    """'auto' → bfloat16 on CUDA; on the CPU bfloat16 where it has native bf16 dot products
+    (AVX512-BF16 / AMX, read from /proc/cpuinfo: ``linear.cpu.cpu_dtype``), else float32."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" else _DTYPES[cpu_dtype(cpu_flags())]
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or auto, got {dtype!r}")
     return _DTYPES[dtype]
@@ -120,7 +124,8 @@ class Engine:
     def __init__(self, spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str | None = None,
                  state: dict[str, torch.Tensor] | None = None, graphs: GraphOptions | None = None,
                  spin_wait: bool = False, quantization: str = "none", fp8_min_cosine: float = FP8_MIN_COSINE,
-                 triton_gemms: bool = True) -> None:
+                 triton_gemms: bool = True, int8_min_cosine: float = INT8_MIN_COSINE,
+                 int8_kinds: tuple[str, ...] = cpu_plan.INT8_KINDS) -> None:
         t0 = time.perf_counter()
         self.spin_wait = spin_wait
         self.spec = spec
@@ -180,10 +185,17 @@ class Engine:
                                        self.use_types, debug=o.debug,
                                        blocks=model.blocks())
         self.quantization = quantization
+        if quantization == "int8" and self.device.type != "cpu":
+            raise ValueError(f"--quantization int8 runs on the CPU only, not on {self.device}; on a GPU use fp8")
+        if self.device.type == "cpu":
+            log.info("engine: CPU linears in %s: %s", self.dtype, cpu_plan.describe(model))
         if quantization == "fp8":
             self._enable_fp8(fp8_min_cosine)
+        elif quantization == "int8":
+            self.int8_cosine = cpu_plan.quantize_int8(model, self.forward, cpu_plan.probe_batch(
+                self.spec.vocab_size, self.spec.max_seq_length), int8_min_cosine, int8_kinds)
         elif quantization != "none":
-            raise ValueError(f"quantization must be none or fp8, got {quantization!r}")
+            raise ValueError(f"quantization must be none, fp8 or int8, got {quantization!r}")
         self.stored_fp8.rows.clear()  # the projections hold what they use (on the device)
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)

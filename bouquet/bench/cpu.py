@@ -1,0 +1,141 @@
+"""`bouquet bench --benchmarks cpu` (`make bench-cpu`): bouquet on the CPU against the tools CPU users
+pick, on the STS Benchmark sentences, every system in its own process with the same thread count.
+
+Systems (``CPU_SYSTEMS``): sentence-transformers fp32; ONNX Runtime fp32 (the same weights exported
+here with ``torch.onnx.export``, then ORT's BERT graph optimizer: fused attention / LayerNorm /
+GELU) and ONNX Runtime int8 (``quantize_dynamic`` of that graph: int8 weights, uint8 activations,
+one scale per tensor: the recipe of ORT's docs); bouquet's engine in process in fp32, bf16 and int8;
+bouquet over HTTP (``bouquet serve --device cpu`` with its defaults, /v1/embeddings).
+
+Per system: bulk sentences/s (every sentence of the split, one pass after a warm-up pass), batch-1
+p50 / p99 ms (one sentence per call, ``--cpu-b1`` sentences), min cosine of its vectors against
+sentence-transformers', STSb Spearman of the pair cosines. The CPU's flags and the thread count
+go into the record. Workers: ``python -m bouquet.bench.cpu SYSTEM SPLIT N_B1 THREADS OUT_DIR``,
+writing OUT_DIR/SYSTEM.npy (vectors) and OUT_DIR/SYSTEM.json (timings).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bouquet.bench.meta import source_commit
+from bouquet.bench.sts import read_sts
+
+REPO = Path(__file__).resolve().parents[2]
+STS_DIR = REPO / "tests" / "data" / "stsbenchmark"
+CPU_SYSTEMS = ("st-fp32", "ort-fp32", "ort-int8", "bouquet-fp32", "bouquet-bf16", "bouquet-int8", "bouquet-http")
+REFERENCE = "st-fp32"
+
+
+def run_suite(systems: tuple[str, ...], out: Path, split: str = "test", sentences: int = 0, b1: int = 200,
+              threads: int = 2) -> dict:
+    """Run each system in its own process, one after another, then score them against
+    sentence-transformers (always run: it is the reference). ``sentences``: the first N pairs of
+    the split only (0: all). Writes OUT/cpu-results.json and OUT/cpu-results.md; returns the record.
+    Raises ValueError for an unknown system or split."""
+    bad = [s for s in systems if s not in CPU_SYSTEMS]
+    if bad:
+        raise ValueError(f"unknown CPU system(s) {', '.join(bad)}; choose from {', '.join(CPU_SYSTEMS)}")
+    if not (STS_DIR / f"sts-{split}.csv").is_file():
+        raise ValueError(f"no STSb split {split!r} in {STS_DIR} (dev, test, train)")
+    out.mkdir(parents=True, exist_ok=True)
+    order = (REFERENCE,) + tuple(s for s in systems if s != REFERENCE)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    rows: dict[str, dict] = {}
+    for name in order:
+        cmd = [sys.executable, "-m", "bouquet.bench.cpu", name, split, str(sentences), str(b1), str(threads), str(out)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            rows[name] = {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
+            continue
+        rows[name] = json.loads((out / f"{name}.json").read_text())
+    s1, _, gold = _pairs(split, sentences)
+    ref = np.load(out / f"{REFERENCE}.npy") if "error" not in rows[REFERENCE] else None
+    for name, row in rows.items():
+        if "error" in row:
+            continue
+        v = np.load(out / f"{name}.npy").astype(np.float64)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        n = len(s1)
+        row["spearman"] = float(_spearman((v[:n] * v[n:]).sum(1), gold))
+        if ref is not None:
+            row["min_cos"] = float((v * ref).sum(1).min())
+    record = {"command": " ".join(["bouquet bench --benchmarks cpu", *[f"--system {s}" for s in systems]]),
+              "commit": source_commit(REPO), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "cpu": platform.processor() or platform.machine(), "cpu_flags": _flags_of_note(), "threads": threads,
+              "split": split, "pairs": len(s1), "systems": rows}
+    (out / "cpu-results.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "cpu-results.md").write_text(markdown(record))
+    return record
+
+
+def markdown(record: dict) -> str:
+    """The record as a table (the issue's columns)."""
+    lines = [f"CPU benchmark, commit {record['commit']}, {record['date']}, {record['threads']} threads per system, "
+             f"STSb {record['split']} ({record['pairs']} pairs); CPU flags of note: {' '.join(record['cpu_flags'])}",
+             "", "| system | bulk sentences/s | batch 1 p50 / p99 ms | min cos vs sentence-transformers | STSb Spearman |",
+             "|---|---|---|---|---|"]
+    for name, r in record["systems"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {' '.join(r['error'])} | | | |")
+            continue
+        lines.append(f"| {name} | {r['bulk_per_s']:.0f} | {r['b1_p50_ms']:.2f} / {r['b1_p99_ms']:.2f} | "
+                     f"{r.get('min_cos', float('nan')):.5f} | {r['spearman']:.5f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _flags_of_note() -> list[str]:
+    from bouquet.engine.linear.cpu import cpu_flags
+
+    return sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx2", "avx_vnni", "fma")))
+
+
+def _pairs(split: str, sentences: int) -> tuple[list[str], list[str], np.ndarray]:
+    s1, s2, gold = read_sts(STS_DIR, split)
+    k = sentences or len(s1)
+    return s1[:k], s2[:k], gold[:k]
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
+def _worker(name: str, split: str, sentences: int, b1: int, threads: int, out: Path) -> None:
+    """One system: encode every sentence (a warm-up pass, then the timed pass), then batch-1
+    latencies; writes OUT/NAME.npy and OUT/NAME.json."""
+    import torch
+
+    torch.set_num_threads(threads)
+    s1, s2, _ = _pairs(split, sentences)
+    texts = s1 + s2
+    from bouquet.bench.cpu_systems import make_system
+
+    encode, close = make_system(name, threads, out)
+    try:
+        encode(texts[:64])  # warm-up: first-call allocations, oneDNN primitive creation
+        t0 = time.perf_counter()
+        vecs = encode(texts)
+        bulk = len(texts) / (time.perf_counter() - t0)
+        lat = []
+        for t in texts[: max(b1, 1)]:
+            t1 = time.perf_counter()
+            encode([t])
+            lat.append((time.perf_counter() - t1) * 1e3)
+    finally:
+        close()
+    np.save(out / f"{name}.npy", np.asarray(vecs, dtype=np.float32))
+    (out / f"{name}.json").write_text(json.dumps({"bulk_per_s": bulk, "b1_p50_ms": float(np.percentile(lat, 50)),
+                                                  "b1_p99_ms": float(np.percentile(lat, 99)), "b1_calls": len(lat)}))
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), Path(sys.argv[6]))

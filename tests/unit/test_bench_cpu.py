@@ -1,0 +1,36 @@
+"""`bouquet bench --benchmarks cpu` (bouquet/bench/cpu.py): its argument checks, and a tiny run of
+two systems (16 STSb pairs) whose record holds every column, scored against sentence-transformers."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bouquet.bench.cpu import CPU_SYSTEMS, run_suite
+
+
+def test_unknown_cpu_system_is_refused_before_any_run(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bouquet", "bench", "--benchmarks", "cpu", "--system", "ort-fp16",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "unknown --system ort-fp16 for --benchmarks cpu" in done.stderr
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="no STSb split 'nope'"):
+        run_suite(("bouquet-fp32",), tmp_path, split="nope")
+
+
+def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bouquet", "bench", "--benchmarks", "cpu", "--system", "bouquet-fp32",
+                           "--tiny", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "cpu-results.json").read_text())
+    assert set(record["systems"]) == {"st-fp32", "bouquet-fp32"}  # the reference always runs
+    assert record["pairs"] == 16 and record["threads"] == 2 and record["cpu_flags"]
+    for r in record["systems"].values():
+        assert r["bulk_per_s"] > 0 and 0 < r["b1_p50_ms"] <= r["b1_p99_ms"] and r["b1_calls"] == 8
+        assert r["min_cos"] > 0.9999 and -1 <= r["spearman"] <= 1
+    assert "| bouquet-fp32 |" in done.stdout
+    assert set(CPU_SYSTEMS) >= set(record["systems"])
