@@ -63,6 +63,10 @@ def test_cpu_linears_match_f_linear(dtype: torch.dtype) -> None:
         dense = OneDnnLinear.prepare(w, b).apply(x)
         assert dense.dtype == dtype and dense.shape == (t, 96)
         torch.testing.assert_close(dense.float(), ref, atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
+        for algo, approximate in (("none", "none"), ("tanh", "tanh")):  # GELU as oneDNN's post-op
+            fused = OneDnnLinear.prepare(w, b).apply(x, algo)
+            torch.testing.assert_close(fused.float(), F.gelu(ref, approximate=approximate),
+                                       atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
         q = Int8Linear.prepare(w, b).apply(x).float()
         # int8 error: ~|x|·|w|·K / 127 per product sum; the vectors stay aligned
         cos = F.cosine_similarity(q, ref, dim=1)

@@ -36,6 +36,8 @@ from bouquet.engine.plan import DeviceProfile
 # Sapphire Rapids, Zen 4+) and AMX-BF16 (Sapphire Rapids+). Without them bf16 GEMMs convert in
 # software and run slower than fp32.
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# Hugging Face activation name → oneDNN's GELU post-op algorithm (erf: "none", tanh approximation: "tanh")
+GELU_POST_OPS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 INT8_SCALE = 127.0  # symmetric int8: |q| ≤ 127 (−128 unused, so −x rounds to −q)
 SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength: the paper's default for encoder-sized models
 
@@ -79,7 +81,11 @@ class OneDnnLinear:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), tokens_hint)
         return cls(packed, None if bias is None else bias.detach().contiguous())
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, gelu: str = "") -> torch.Tensor:
+        """``gelu``: "" none, "none" (erf GELU) or "tanh" (tanh GELU), as oneDNN's post-op on the
+        fp32 accumulator, before the one rounding to x's dtype."""
+        if gelu:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "gelu", [], gelu)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
@@ -115,12 +121,15 @@ class Int8Linear:
         return cls(q.t().contiguous(), scale, None if bias is None else bias.detach().float(), inv)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if self.inv_smooth is None else x.float() * self.inv_smooth  # never x's own storage
-        s = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(INT8_SCALE)  # [T, 1]
-        xq = xf.div(s).round_().to(torch.int8)  # [T, K]
+        # Few passes over [T, K] / [T, N]: at bulk sizes these element-wise passes cost as much as
+        # the int8 GEMM, so each op here converts or scales while it copies (never x's own storage).
+        xf = x.float() if self.inv_smooth is None else torch.mul(x, self.inv_smooth)  # [T, K] fp32
+        s = torch.linalg.vector_norm(xf, float("inf"), dim=1, keepdim=True).clamp_(min=1e-12).div_(INT8_SCALE)  # [T, 1]
+        xq = xf.div_(s).round_().to(torch.int8)  # [T, K]
         acc = torch._int_mm(xq, self.weight_t)  # [T, N] int32 (on the CPU any T, unlike CUDA's T > 16)
-        y = acc.float().mul_(self.scale).mul_(s)
-        return (y if self.bias is None else y.add_(self.bias)).to(x.dtype)
+        y = torch.mul(acc, s)  # [T, N] fp32
+        y = y.mul_(self.scale) if self.bias is None else torch.addcmul(self.bias, y, self.scale)
+        return y.to(x.dtype)
 
 
 class MaxRecorder:
@@ -166,3 +175,14 @@ class OneDnnMethod(CpuMethod):
     def process_weights_after_loading(self, layer: Linear) -> None:
         if not layer.weight.is_meta:
             self.kernel = OneDnnLinear.prepare(layer.weight, layer.bias)
+
+    def apply(self, layer: Linear, x: "torch.Tensor", quantize_out: bool = False) -> Out:
+        # BERT's intermediate: GELU as the GEMM's post-op (one pass fewer over [T, I])
+        gelu = GELU_POST_OPS.get(layer.act or "") if layer.gated is None and not quantize_out else None
+        if gelu is not None and isinstance(self.kernel, OneDnnLinear):
+            return self.kernel.apply(x, gelu)
+        return super().apply(layer, x, quantize_out)
+
+    def describe(self, layer: Linear, tokens: int, profile: DeviceProfile) -> str:
+        fused = layer.gated is None and (layer.act or "") in GELU_POST_OPS
+        return self.name + (" (+GELU)" if fused else "")
