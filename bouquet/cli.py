@@ -250,7 +250,8 @@ def embed(
     text_column: str = typer.Option("text", help="Column holding the documents (JSONL, CSV, Parquet)."),
     id_column: Optional[str] = typer.Option(None, help="Column holding row ids (default: 'id' when present, else the row index)."),
     format: str = typer.Option("parquet", "--format", help="parquet (id, vector) | npy (vectors + ids.parquet per shard)."),
-    dtype: str = typer.Option("auto", help="Compute dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | float16 | bfloat16."),
+    dtype: str = typer.Option("auto", envvar="BOUQUET_DTYPE", help="Compute dtype: auto (bf16 on GPU; on CPU bf16 where it has "
+                              "AVX512-BF16 or AMX, else fp32) | float32 | float16 | bfloat16."),
     output_dtype: str = typer.Option("float32", help="Stored vector dtype: float32 | float16."),
     quantization: str = typer.Option("none", help="none | fp8 (as `serve --quantization`: the layers' matmuls in fp8 e4m3)."),
     triton_gemms: bool = typer.Option(True, "--triton-gemms/--no-triton-gemms",

@@ -86,9 +86,10 @@ def test_cpu_projections_stay_plain_linears() -> None:
 
 def test_triton_gemms_stay_off_on_the_cpu(tmp_path: Path) -> None:
     """The kernel plan turns the engine's Triton GEMMs on for measured Hopper GPUs only; on the CPU
-    every projection is a plain GEMM (the CPU path is unchanged)."""
+    every projection runs the CPU's oneDNN method (linear/cpu.py), never a Triton one."""
     from bouquet.engine.runtime.engine import Engine
-    from bouquet.engine.linear.base import CublasLinear, linears
+    from bouquet.engine.linear.base import linears
+    from bouquet.engine.linear.cpu import OneDnnMethod
     from bouquet.engine.plan import DeviceProfile
     from bouquet.modelspec import load_spec
     from tests.fixtures.tiny_models import make_tiny_model
@@ -97,4 +98,4 @@ def test_triton_gemms_stay_off_on_the_cpu(tmp_path: Path) -> None:
     assert eng.profile == DeviceProfile.cpu() and not eng.profile.measured_hopper
     assert not (eng.plan.split_k or eng.plan.gate_up_act or eng.plan.small_gemms)
     layers = list(linears(eng.model))
-    assert layers and all(type(p.method) is CublasLinear for p in layers)
+    assert layers and all(type(p.method) is OneDnnMethod for p in layers)
