@@ -1,6 +1,6 @@
 """What the docs and the help texts name exists as named: every `--quantization` choice the code takes
 (bouquet.config.QUANTIZATIONS) in `bouquet serve --help`, `bouquet embed --help`, `bouquet server --help`
-and the first paragraph of docs/quantization.md; every source file a doc names by its path."""
+the first paragraph of docs/quantization.md and README.md; every source file a doc names by its path."""
 from __future__ import annotations
 
 import os
@@ -27,6 +27,8 @@ def test_help_names_every_quantization(command: str) -> None:
 def test_quantization_doc_names_every_choice() -> None:
     first = (REPO / "docs" / "quantization.md").read_text().split("\n\n")[1]
     assert f"--quantization {'|'.join(QUANTIZATIONS)}" in first, first
+    readme = (REPO / "README.md").read_text()
+    assert all(f"--quantization {q}" in readme for q in QUANTIZATIONS if q != "none")  # the quick start's reader
 
 
 DOCS = ["README.md", "bench/README.md", "tests/README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))
