@@ -33,6 +33,9 @@ def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
         assert r["bulk_per_s"] > 0 and 0 < r["b1_p50_ms"] <= r["b1_p99_ms"] and r["b1_calls"] == 8
         assert r["min_cos"] > 0.9999 and -1 <= r["spearman"] <= 1
     assert "| bouquet-fp32 |" in done.stdout
+    # a full run takes minutes: each system's start and end, then where the record went, on stderr
+    for line in ("[1/2] st-fp32 ...", "[2/2] bouquet-fp32 ...", "[2/2] bouquet-fp32 done in", "cpu-results.md"):
+        assert line in done.stderr, done.stderr[-2000:]
     assert set(CPU_SYSTEMS) >= set(record["systems"])
 
 
