@@ -58,7 +58,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
         _default("dtype"), envvar="BOUQUET_DTYPE", help="auto (bf16 on GPU; on CPU bf16 where it has AVX512-BF16 or AMX, "
         "else fp32) | float32 | float16 | bfloat16")),
     "quantization": (str, "quantization", typer.Option(
-        _default("quantization"), help="none | fp8: matmuls in fp8 e4m3 (weights per channel, activations per token) on every batch: "
+        _default("quantization"), help="none | fp8 | int8. fp8: matmuls in fp8 e4m3 (weights per channel, activations per token) on every batch: "
         "decoders' MLP, encoders' q/k/v; "
         "int8 (CPU only): every matmul in int8 (weights per channel, activations per token); each refused when it moves the "
         "model's outputs (docs/quantization.md).")),
@@ -253,7 +253,7 @@ def embed(
     dtype: str = typer.Option("auto", envvar="BOUQUET_DTYPE", help="Compute dtype: auto (bf16 on GPU; on CPU bf16 where it has "
                               "AVX512-BF16 or AMX, else fp32) | float32 | float16 | bfloat16."),
     output_dtype: str = typer.Option("float32", help="Stored vector dtype: float32 | float16."),
-    quantization: str = typer.Option("none", help="none | fp8 (as `serve --quantization`: the layers' matmuls in fp8 e4m3)."),
+    quantization: str = typer.Option("none", help="none | fp8 | int8 (as `serve --quantization`: the layers' matmuls in fp8 e4m3; int8 on the CPU only)."),
     triton_gemms: bool = typer.Option(True, "--triton-gemms/--no-triton-gemms",
                                       help="As `serve --no-triton-gemms`: none of the engine's Triton GEMMs on Hopper."),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),

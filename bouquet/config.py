@@ -208,6 +208,9 @@ class ServeConfig:
             raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.quantization == "int8" and self.device == "cuda":
             raise ConfigError("--quantization int8 runs on the CPU only (--device cpu); on a GPU use fp8")
+        if self.quantization == "int8" and self.dtype == "float16":
+            raise ConfigError("--quantization int8 needs --dtype auto, float32 or bfloat16 (its CPU kernels take fp32 or bf16 "
+                              "activations), got float16")
         if self.engine == "noop" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs a model: --engine noop runs none")
         for name in ("port", "grpc_port"):

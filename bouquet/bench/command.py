@@ -77,11 +77,11 @@ def bench(
     if baseline is not None and not baseline.is_file():
         typer.echo(f"error: --baseline {str(baseline)!r} is not a file", err=True)
         raise typer.Exit(2)
-    system = system or list(LOAD_SUITES[suite].systems)
     benchmarks = benchmarks or ",".join(LOAD_SUITES[suite].benchmarks)
-    if benchmarks == "cpu":  # its own suite and systems (bouquet/bench/cpu.py)
+    if benchmarks == "cpu":  # its own systems (bouquet/bench/cpu.py), whatever --suite's are
         _cpu_suite(system, out, tiny)
         return
+    system = system or list(LOAD_SUITES[suite].systems)
     if device not in ("cuda", "cpu"):
         typer.echo(f"error: --device must be cuda or cpu, got {device!r}", err=True)
         raise typer.Exit(2)
@@ -175,7 +175,7 @@ def _cpu_suite(system: list[str], out: Path, tiny: bool) -> None:
     --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run)."""
     from bouquet.bench.cpu import CPU_SYSTEMS, run_suite
 
-    chosen = tuple(system)
+    chosen = tuple(system) or CPU_SYSTEMS
     bad = [s for s in chosen if s not in CPU_SYSTEMS]
     if bad:
         typer.echo(f"error: unknown --system {', '.join(bad)} for --benchmarks cpu (choose from {', '.join(CPU_SYSTEMS)})",

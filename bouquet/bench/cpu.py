@@ -39,6 +39,7 @@ def run_suite(systems: tuple[str, ...], out: Path, split: str = "test", sentence
     """Run each system in its own process, one after another, then score them against
     sentence-transformers (always run: it is the reference). ``sentences``: the first N pairs of
     the split only (0: all). Writes OUT/cpu-results.json and OUT/cpu-results.md; returns the record.
+    Progress goes to stderr, a line as each system starts and ends, and the files' paths at the end.
     Raises ValueError for an unknown system or split."""
     bad = [s for s in systems if s not in CPU_SYSTEMS]
     if bad:
@@ -49,13 +50,17 @@ def run_suite(systems: tuple[str, ...], out: Path, split: str = "test", sentence
     order = (REFERENCE,) + tuple(s for s in systems if s != REFERENCE)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     rows: dict[str, dict] = {}
-    for name in order:
+    for i, name in enumerate(order, 1):
         cmd = [sys.executable, "-m", "bouquet.bench.cpu", name, split, str(sentences), str(b1), str(threads), str(out)]
+        print(f"cpu suite: [{i}/{len(order)}] {name} ...", file=sys.stderr, flush=True)  # a full run takes minutes
+        t0 = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             rows[name] = {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
+            print(f"cpu suite: [{i}/{len(order)}] {name} failed: {rows[name]['error'][0]}", file=sys.stderr, flush=True)
             continue
         rows[name] = json.loads((out / f"{name}.json").read_text())
+        print(f"cpu suite: [{i}/{len(order)}] {name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     s1, _, gold = _pairs(split, sentences)
     ref = np.load(out / f"{REFERENCE}.npy") if "error" not in rows[REFERENCE] else None
     for name, row in rows.items():
@@ -73,6 +78,7 @@ def run_suite(systems: tuple[str, ...], out: Path, split: str = "test", sentence
               "split": split, "pairs": len(s1), "systems": rows}
     (out / "cpu-results.json").write_text(json.dumps(record, indent=1) + "\n")
     (out / "cpu-results.md").write_text(markdown(record))
+    print(f"cpu suite: wrote {out / 'cpu-results.json'} and {out / 'cpu-results.md'}", file=sys.stderr, flush=True)
     return record
 
 

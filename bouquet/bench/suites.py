@@ -35,7 +35,7 @@ LOAD_SUITES: dict[str, LoadSuite] = {
 TOOL_SUITES: dict[str, tuple[str, str, str]] = {
     "fp8-accuracy": ("fp8_accuracy", "GPU", "fp8 vs bf16 vs sentence-transformers: real MiniLM on STSb, random full-size models"),
     "models-check": ("models_check", "GPU / CPU --tiny", "every model family at full size against transformers, same weights"),
-    "cpu-sts": ("cpu_sts", "CPU", "STSb sentences/s: bouquet in process and over HTTP vs sentence-transformers (make bench-cpu)"),
+    "cpu-sts": ("cpu_sts", "CPU", "STSb sentences/s: bouquet in process and over HTTP vs sentence-transformers"),
     "layouts": ("layouts", "any", "online queries over server layouts (gateway workers x replicas x transport)"),
     "wrk": ("wrk", "any (needs wrk)", "online queries against a running server, driven by wrk"),
     "gateway-tokens": ("gateway_tokens", "GPU / CPU --tiny", "tokens/s of text through the gateway vs the bare engine"),

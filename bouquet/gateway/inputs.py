@@ -33,6 +33,12 @@ def _too_big(x: Any) -> bool:
     return isinstance(x, float) and abs(x) >= 2**63
 
 
+def is_token_id(x: Any) -> bool:
+    """True for a JSON integer: an int (not a bool), or one past 64 bits that orjson read as a float
+    (``parse_inputs`` then names it out of range)."""
+    return _is_int(x) or _too_big(x)
+
+
 def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
     """A string, a list of strings, a list of token ids, or a list of token-id lists.
 

@@ -18,7 +18,7 @@ from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, Gateway, item_param, tokenizer_threads
 from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 from bouquet.gateway.http import json_response
-from bouquet.gateway.inputs import TextInputs, check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.inputs import TextInputs, check_dimensions, is_token_id, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
@@ -112,8 +112,16 @@ async def decode_route(gw: Gateway, body: dict[str, Any]) -> Response:
     ``tokenizers.Tokenizer.decode_batch`` writes it. Raises APIError 400 for text, empty lists and
     ids outside the vocabulary (naming ``ids`` or ``ids[i]``)."""
     value = body.get("ids")
-    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], str)):
+    first = value[0] if isinstance(value, list) and value else None
+    if isinstance(value, str) or isinstance(first, str):
         raise bad_request("'ids' must be a list of token ids or a list of token-id lists, not text", "ids", "invalid_type")
+    # parse_inputs also takes text, and its messages say so: the other wrong shapes are named here
+    if value is not None and not isinstance(value, list):
+        raise bad_request(f"'ids' must be a list of token ids or a list of token-id lists, got {json_type(value)}",
+                          "ids", "invalid_type")
+    if first is not None and not (isinstance(first, list) or is_token_id(first)):
+        raise bad_request(f"ids[0] must be a token id or a list of token ids, got {json_type(first)}", "ids[0]",
+                          "invalid_type")
     inputs = parse_inputs(value, "ids", gw.cfg.max_inputs)
     seqs: list[list[int]] = inputs.token_ids or []  # type: ignore[assignment]
     skip = opt_bool(body, "skip_special_tokens") is not False

@@ -49,7 +49,7 @@ class EmbedJobConfig:
     format: OutputFormat = "parquet"
     dtype: str = "auto"  # compute dtype: auto (bf16 GPU, fp32 CPU) | float32 | float16 | bfloat16
     output_dtype: str = "float32"  # float32 | float16
-    quantization: str = "none"  # none | fp8 (engine/linear/fp8.py; ServeConfig.quantization)
+    quantization: str = "none"  # none | fp8 | int8 (engine/linear/fp8.py, engine/linear/cpu.py; ServeConfig.quantization)
     triton_gemms: bool = True  # ServeConfig.triton_gemms: the engine's Triton GEMMs on Hopper (False: none)
     device: str = "auto"
     max_batch_tokens: int = 0  # 0 = auto, as the server (config.batch_token_budget)

@@ -89,3 +89,13 @@ def test_decode_errors_name_the_sequence(minilm_server):
         err = tei_error(post(minilm_server, "/decode", body), 400)
         assert words in err["error"], (body, err)
     assert post(minilm_server, "/decode", {"ids": [7592]}).json() == ["hello"]
+
+
+def test_decode_errors_never_offer_text(minilm_server):
+    """/decode refuses text, so a wrong shape of ``ids`` is answered with what /decode takes (token ids),
+    not with the text-input message of the embedding routes ("must be a string, ...")."""
+    for body, param in [({"ids": 5}, "ids"), ({"ids": {"a": 1}}, "ids"), ({"ids": [1.5]}, "ids[0]"),
+                        ({"ids": [True]}, "ids[0]"), ({"ids": [{"a": 1}]}, "ids[0]"), ({"ids": [[1], 2]}, "ids[1]")]:
+        err = tei_error(post(minilm_server, "/decode", body), 400)
+        assert "token id" in err["error"] and "string" not in err["error"], (body, err)
+        assert err["error"].startswith(param if param != "ids" else "'ids'"), (body, err)

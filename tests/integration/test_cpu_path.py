@@ -51,6 +51,9 @@ def test_info_reports_the_cpu_dtype() -> None:
 def test_int8_needs_the_cpu() -> None:
     with pytest.raises(ConfigError, match="int8 runs on the CPU only"):
         ServeConfig(device="cuda", quantization="int8").validate()
+    # float16 is refused with the start's one error line, naming the dtype, not after a replica has loaded the model
+    with pytest.raises(ConfigError, match="int8 needs --dtype auto, float32 or bfloat16 .*got float16"):
+        ServeConfig(device="cpu", dtype="float16", quantization="int8").validate()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

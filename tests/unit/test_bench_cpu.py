@@ -33,4 +33,29 @@ def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
         assert r["bulk_per_s"] > 0 and 0 < r["b1_p50_ms"] <= r["b1_p99_ms"] and r["b1_calls"] == 8
         assert r["min_cos"] > 0.9999 and -1 <= r["spearman"] <= 1
     assert "| bouquet-fp32 |" in done.stdout
+    # a full run takes minutes: each system's start and end, then where the record went, on stderr
+    for line in ("[1/2] st-fp32 ...", "[2/2] bouquet-fp32 ...", "[2/2] bouquet-fp32 done in", "cpu-results.md"):
+        assert line in done.stderr, done.stderr[-2000:]
     assert set(CPU_SYSTEMS) >= set(record["systems"])
+
+
+def test_benchmarks_cpu_alone_runs_every_cpu_system(tmp_path: Path) -> None:
+    """`bouquet bench --benchmarks cpu` without --system (what --help offers: "or cpu alone") starts the CPU
+    systems rather than refusing the default suite's (engine, grpc, http, transformers) as unknown. The
+    run is stopped (SIGTERM, exit 128 + 15) once it has begun: its first worker has made OUT."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "bouquet", "bench", "--benchmarks", "cpu", "--tiny", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not out.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        started = out.is_dir()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert started, err[-2000:]
+    assert "unknown --system" not in err and proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-2000:])

@@ -105,3 +105,21 @@ def test_served_reports_a_server_that_cannot_start() -> None:
 
     with pytest.raises(RuntimeError, match="did not become healthy"):
         Served("--model", "/nonexistent/model-dir", timeout_s=60)
+
+
+def test_bench_readme_and_make_bench_cpu_name_the_suites_as_they_are() -> None:
+    """bench/README.md's suite table has a row per suite `bouquet bench suites` lists, and only the suite
+    the Makefile's `bench-cpu` target runs says "make bench-cpu" (in the listing and in the table)."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "bench" / "README.md").read_text()
+    rows = {cell.strip() for line in readme.splitlines() if line.startswith("| ")
+            for cell in line.split("|")[1].split(",")}
+    assert not (set(LOAD_SUITES) | set(TOOL_SUITES)) - rows, "suites missing from bench/README.md's table"
+    target = re.search(r"^bench-cpu:.*\n\t.*--suite (\S+)", (repo / "Makefile").read_text(), re.M)
+    assert target, "the Makefile's bench-cpu target runs no --suite"
+    listed = [line for line in _bench("suites").stdout.splitlines() if "make bench-cpu" in line]
+    assert [line.split("|")[1].strip() for line in listed] == [target.group(1)]
+    in_readme = [line.split("|")[1].strip() for line in readme.splitlines() if "make bench-cpu" in line]
+    assert in_readme == [target.group(1)]
