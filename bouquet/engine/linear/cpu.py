@@ -121,15 +121,19 @@ class Int8Linear:
         return cls(q.t().contiguous(), scale, None if bias is None else bias.detach().float(), inv)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        # Few passes over [T, K] / [T, N]: at bulk sizes these element-wise passes cost as much as
-        # the int8 GEMM, so each op here converts or scales while it copies (never x's own storage).
-        xf = x.float() if self.inv_smooth is None else torch.mul(x, self.inv_smooth)  # [T, K] fp32
-        s = torch.linalg.vector_norm(xf, float("inf"), dim=1, keepdim=True).clamp_(min=1e-12).div_(INT8_SCALE)  # [T, 1]
+        # In-place passes on same-dtype tensors: at bulk sizes PyTorch's mixed-dtype ops (int32 ×
+        # fp32, bf16 × fp32) and linalg.vector_norm cost 2-5× the GEMM itself (profiled, 2,048 × 384).
+        xf = x.to(torch.float32, copy=True)  # [T, K]: a copy even when x is fp32 (the passes below are in place)
+        if self.inv_smooth is not None:
+            xf.mul_(self.inv_smooth)
+        # max |x| per row from the row max and min: no [T, K] temporary (a fresh multi-MB one
+        # costs its page faults on every call)
+        s = torch.maximum(xf.amax(dim=1, keepdim=True), xf.amin(dim=1, keepdim=True).neg_())
+        s = s.clamp_(min=1e-12).div_(INT8_SCALE)  # [T, 1]
         xq = xf.div_(s).round_().to(torch.int8)  # [T, K]
         acc = torch._int_mm(xq, self.weight_t)  # [T, N] int32 (on the CPU any T, unlike CUDA's T > 16)
-        y = torch.mul(acc, s)  # [T, N] fp32
-        y = y.mul_(self.scale) if self.bias is None else torch.addcmul(self.bias, y, self.scale)
-        return y.to(x.dtype)
+        y = acc.float().mul_(s).mul_(self.scale)  # [T, N] fp32
+        return (y if self.bias is None else y.add_(self.bias)).to(x.dtype)
 
 
 class MaxRecorder:
