@@ -110,3 +110,27 @@ def test_minilm_bf16_on_stsb_test_matches_sentence_transformers(st_minilm) -> No
     n = len(s1)
     rho = spearmanr((rows[:n] * rows[n:]).sum(1), gold).statistic
     assert abs(rho - ST_SPEARMAN_TEST) <= 0.001, rho
+
+
+def test_cpu_linears_run_at_a_bounded_set_of_row_counts() -> None:
+    """oneDNN caches a primitive (~0.6 MB) per input shape, so the CPU methods pad rows to ~36 counts
+    up to 16,384 (a served replica's memory stays flat: tests/integration/test_load.py); the padded
+    rows are cut off again and change nothing."""
+    from bouquet.engine.linear.base import Linear
+    from bouquet.engine.linear.cpu import OneDnnMethod, padded_rows
+
+    counts = {padded_rows(t) for t in range(1, 16385)}
+    assert len(counts) <= 40
+    assert all(t <= padded_rows(t) <= max(t + 15, 1.25 * t) for t in range(1, 16385))
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)
+    for act in (None, "gelu"):
+        lin = Linear(w, b, "up", act=act)
+        lin.method = OneDnnMethod()
+        lin.method.process_weights_after_loading(lin)
+        for t in (1, 17, 70):
+            x = torch.randn(t, 64, generator=g)
+            ref = F.linear(x, w, b)
+            got = lin(x)
+            assert got.shape == (t, 96)
+            torch.testing.assert_close(got, F.gelu(ref) if act else ref, atol=1e-5, rtol=1e-4)
