@@ -113,14 +113,14 @@ def test_minilm_bf16_on_stsb_test_matches_sentence_transformers(st_minilm) -> No
 
 
 def test_cpu_linears_run_at_a_bounded_set_of_row_counts() -> None:
-    """oneDNN caches a primitive (~0.6 MB) per input shape, so the CPU methods pad rows to ~36 counts
+    """oneDNN caches a primitive (~0.6 MB) per input shape, so the CPU methods pad rows to ~51 counts
     up to 16,384 (a served replica's memory stays flat: tests/integration/test_load.py); the padded
     rows are cut off again and change nothing."""
     from bouquet.engine.linear.base import Linear
     from bouquet.engine.linear.cpu import OneDnnMethod, padded_rows
 
     counts = {padded_rows(t) for t in range(1, 16385)}
-    assert len(counts) <= 40
+    assert len(counts) <= 52
     assert all(t <= padded_rows(t) <= max(t + 15, 1.25 * t) for t in range(1, 16385))
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from bouquet.engine.linear.base import Linear, LinearMethod, Out
 from bouquet.engine.plan import DeviceProfile
@@ -151,14 +152,15 @@ class MaxRecorder:
 
 
 def padded_rows(tokens: int) -> int:
-    """The row count a CPU kernel runs ``tokens`` rows at: the next of 16, 32, 48, 64, then four
-    steps per doubling (80, 96, 112, 128, 160, ...). oneDNN (the CPU linears here, and PyTorch's own
+    """The row count a CPU kernel runs ``tokens`` rows at: up to 16 as they are, then the next of
+    32, 48, 64, then four steps per doubling (80, 96, 112, 128, 160, ...). oneDNN (the CPU linears here, and PyTorch's own
     bf16 GEMM) builds and caches a primitive per input shape, ~0.6 MB each: rows as they come (every
     batch a new count) grew a served replica's memory by ~250 MB per 400 counts per weight shape;
-    36 row counts up to 16,384 keep it bounded, for at most 15 padded rows up to 64 and 25% above
-    (2 rows at batch 1's ~14 tokens)."""
+    51 row counts up to 16,384 keep it bounded, for at most 15 padded rows up to 64 and 25% above."""
+    if tokens <= 16:
+        return tokens  # as they come: at most 16 counts, and batch 1 pays no padding op
     if tokens <= 64:
-        return max(16, -(-tokens // 16) * 16)
+        return -(-tokens // 16) * 16
     step = 1 << (tokens - 1).bit_length() - 3  # a quarter of the power of two below
     return -(-tokens // step) * step
 
@@ -189,7 +191,7 @@ def _rows(fn: "Callable[..., torch.Tensor]", x: torch.Tensor, *args: str) -> tor
     p = padded_rows(t)
     if p == t:
         return fn(x, *args)
-    return fn(torch.cat([x, x.new_zeros(p - t, x.shape[1])]), *args)[:t]
+    return fn(F.pad(x, (0, 0, 0, p - t)), *args)[:t]
 
 
 class OneDnnMethod(CpuMethod):
