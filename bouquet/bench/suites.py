@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bouquet.bench.cpu import CPU_SYSTEMS
+
 
 @dataclass(frozen=True)
 class LoadSuite:
@@ -25,8 +27,7 @@ LOAD_SUITES: dict[str, LoadSuite] = {
     "rerank": LoadSuite(("rerank",), ("http", "http-noop"), "one query against N documents, /v1/rerank"),
     "engine-ab": LoadSuite(("1", "2", "3", "mixed", "4"), ("engine", "engine-fp8", "http", "http-fp8"),
                            "engine and HTTP rows in bf16 and fp8: run it from two checkouts, then --baseline"),
-    "cpu": LoadSuite(("cpu",), ("st-fp32", "ort-fp32", "ort-int8", "bouquet-fp32", "bouquet-bf16", "bouquet-int8",
-                                "bouquet-http"),
+    "cpu": LoadSuite(("cpu",), CPU_SYSTEMS,
                      "all-MiniLM-L6-v2 on the CPU: bouquet fp32 / bf16 / int8 / HTTP beside sentence-transformers and "
                      "ONNX Runtime fp32 / int8 (make bench-cpu)"),
 }

@@ -211,11 +211,7 @@ class Engine:
         ValueError below ``min_cosine`` (FP8_MIN_COSINE; benchmarks pass 0 to time any model), so
         fp8 never serves vectors far from the model's own."""
         n = enable_fp8(self.model, self.device, FP8_MIN_TOKENS, stored=self.stored_fp8)
-        rng = np.random.default_rng(0)
-        top = min(128, self.spec.max_seq_length)
-        seqs = [rng.integers(1000 if self.spec.vocab_size > 2000 else 0, self.spec.vocab_size,
-                             int(rng.integers(min(8, top), top + 1))).astype(np.int32) for _ in range(32)]
-        batch = Batch.pack(seqs)
+        batch = cpu_plan.probe_batch(self.spec.vocab_size, self.spec.max_seq_length)  # the same probe as int8's
         with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
             set_fp8_min_tokens(self.model, 0)
             fp8 = self.forward(batch)
