@@ -83,8 +83,8 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
         if signal.getsignal(sig) is not signal.SIG_IGN:
             loop.add_signal_handler(sig, stop.set)
     try:
-        engine = await asyncio.to_thread(build_engine, cfg, spec, device)
-        await asyncio.to_thread(engine.warmup)
+        engine = await service.on_step_thread(build_engine, cfg, spec, device)
+        await service.on_step_thread(engine.warmup)
     except BaseException:
         # Stopped here, on its loop: a gRPC server left to the garbage collector prints a traceback.
         await server.stop(grace=0)

@@ -169,3 +169,34 @@ def test_depth_bounds_batches_in_flight_and_all_requests_complete() -> None:
     for i, (_, _, launch, _) in enumerate(engine.steps):
         running = [h for _, _, _, h in engine.steps[:i] if h.done_at > launch]
         assert len(running) <= 1  # the service launches only with fewer than depth (2) in flight
+
+
+def test_the_engine_is_built_warmed_up_and_stepped_on_one_thread() -> None:
+    # libgomp keeps an OpenMP team per thread that ever ran a parallel region; with more of its
+    # threads than cores it stops spinning at barriers (server/service.py ``on_step_thread``)
+    built_on: list[int] = []
+    warmed_on: list[int] = []
+
+    def build() -> DeviceLikeEngine:
+        built_on.append(threading.get_ident())
+        e = DeviceLikeEngine(graph_tokens=0, seconds=lambda b: 0.0)  # no replays: every step off the loop
+        e.warmup = lambda: warmed_on.append(threading.get_ident())  # type: ignore[method-assign]
+        return e
+
+    async def main():  # type: ignore[no-untyped-def]
+        svc = InferenceService(ServeConfig(), load_spec(None), max_batch_tokens=1024, depth=1)
+        engine = await svc.on_step_thread(build)
+        await svc.on_step_thread(engine.warmup)
+        svc.attach(engine)
+        task = asyncio.create_task(svc.run())
+        try:
+            for first in (5, 6, 7):
+                assert (await submit(svc, request([first], 32)))[0, 0] == first
+        finally:
+            task.cancel()
+        return engine, threading.get_ident()
+
+    engine, loop_thread = asyncio.run(main())
+    step_threads = {t for t, *_ in engine.steps}
+    assert len(engine.steps) == 3 and step_threads == set(built_on) == set(warmed_on)
+    assert loop_thread not in step_threads

@@ -40,6 +40,7 @@ BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # Hugging Face activation name → oneDNN's GELU post-op algorithm (erf: "none", tanh approximation: "tanh")
 GELU_POST_OPS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 INT8_SCALE = 127.0  # symmetric int8: |q| ≤ 127 (−128 unused, so −x rounds to −q)
+UNPADDED_MAX_ROWS = 16  # row counts a CPU kernel runs as they come (padded_rows)
 SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength: the paper's default for encoder-sized models
 
 
@@ -157,7 +158,7 @@ def padded_rows(tokens: int) -> int:
     bf16 GEMM) builds and caches a primitive per input shape, ~0.6 MB each: rows as they come (every
     batch a new count) grew a served replica's memory by ~250 MB per 400 counts per weight shape;
     51 row counts up to 16,384 keep it bounded, for at most 15 padded rows up to 64 and 25% above."""
-    if tokens <= 16:
+    if tokens <= UNPADDED_MAX_ROWS:
         return tokens  # as they come: at most 16 counts, and batch 1 pays no padding op
     if tokens <= 64:
         return -(-tokens // 16) * 16
@@ -199,16 +200,26 @@ class OneDnnMethod(CpuMethod):
     device, as the dispatch table builds one, has no weights to pack)."""
 
     name = "oneDNN, prepacked"
+    kernel: OneDnnLinear | None
+    # what the GEMM alone computes (fixed at load): "plain" (no activation), a oneDNN GELU
+    # post-op's algorithm (BERT's intermediate: one pass fewer over [T, I]), or "" (the layer's
+    # activation runs after it)
+    post: str = ""
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         if not layer.weight.is_meta:
             self.kernel = OneDnnLinear.prepare(layer.weight, layer.bias)
+        self.post = "plain" if layer.act is None and layer.gated is None else (
+            GELU_POST_OPS.get(layer.act or "", "") if layer.gated is None else "")
 
     def apply(self, layer: Linear, x: "torch.Tensor", quantize_out: bool = False) -> Out:
-        # BERT's intermediate: GELU as the GEMM's post-op (one pass fewer over [T, I])
-        gelu = GELU_POST_OPS.get(layer.act or "") if layer.gated is None and not quantize_out else None
-        if gelu is not None and isinstance(self.kernel, OneDnnLinear):
-            return _rows(self.kernel.apply, x, gelu)
+        # one call deep where the GEMM is the whole layer: a batch-1 step on 2 cores is ~2 ms for
+        # 24 of these, and each Python frame on the way costs ~1 µs
+        post = self.post
+        if post and not quantize_out and self.kernel is not None:
+            if x.shape[0] <= UNPADDED_MAX_ROWS:
+                return self.kernel.apply(x, "" if post == "plain" else post)
+            return _rows(self.kernel.apply, x, "" if post == "plain" else post)
         return super().apply(layer, x, quantize_out)
 
     def describe(self, layer: Linear, tokens: int, profile: DeviceProfile) -> str:

@@ -46,7 +46,8 @@ class BertEmbeddings(nn.Module):
                    family(architecture_of(cfg)).position_offset(cfg))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids + self.position_offset)
+        pos = position_ids + self.position_offset if self.position_offset else position_ids
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos)
         if hasattr(self, "token_type_embeddings"):
             if token_type_ids is None:
                 x = x + self.token_type_embeddings.weight[0]
