@@ -1,5 +1,5 @@
 """`bouquet bench --benchmarks cpu` (bouquet/bench/cpu.py): its argument checks, and a tiny run of
-two systems (16 STSb pairs) whose record holds every column, scored against sentence-transformers."""
+three systems (16 STSb pairs; one of them a served `bouquet serve`) whose record holds every column, scored against sentence-transformers."""
 from __future__ import annotations
 
 import json
@@ -24,17 +24,19 @@ def test_unknown_cpu_system_is_refused_before_any_run(tmp_path: Path) -> None:
 
 def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bouquet", "bench", "--benchmarks", "cpu", "--system", "bouquet-fp32",
-                           "--tiny", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                           "--system", "bouquet-http", "--tiny", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "cpu-results.json").read_text())
-    assert set(record["systems"]) == {"st-fp32", "bouquet-fp32"}  # the reference always runs
+    assert set(record["systems"]) == {"st-fp32", "bouquet-fp32", "bouquet-http"}  # the reference always runs
     assert record["pairs"] == 16 and record["threads"] == 2 and record["cpu_flags"]
     for r in record["systems"].values():
         assert r["bulk_per_s"] > 0 and 0 < r["b1_p50_ms"] <= r["b1_p99_ms"] and r["b1_calls"] == 8
         assert r["min_cos"] > 0.9999 and -1 <= r["spearman"] <= 1
     assert "| bouquet-fp32 |" in done.stdout
     # a full run takes minutes: each system's start and end, then where the record went, on stderr
-    for line in ("[1/2] st-fp32 ...", "[2/2] bouquet-fp32 ...", "[2/2] bouquet-fp32 done in", "cpu-results.md"):
+    for line in ("[1/3] st-fp32 ...", "[2/3] bouquet-fp32 ...", "[2/3] bouquet-fp32 done in", "[3/3] bouquet-http done in",
+                 "cpu-results.md"):
         assert line in done.stderr, done.stderr[-2000:]
     assert set(CPU_SYSTEMS) >= set(record["systems"])
 
