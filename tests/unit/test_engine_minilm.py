@@ -30,3 +30,29 @@ def test_minilm_matches_sentence_transformers() -> None:
     cos = (got * ref).sum(1)
     assert cos.min() >= 0.9999, cos
     assert (got[0] @ got[1]) < 0.9  # unrelated sentences stay apart
+
+
+def test_padded_cpu_steps_equal_single_steps() -> None:
+    """The CPU steps at padded token counts (linear.cpu.padded_rows), the padding in a discarded
+    segment: every sequence's vector is its single-step vector, for batches whose padded count
+    equals the longest length × the count (12, 9, 9, 12: 42 tokens run as 48 = 12 × 4, which are
+    not equal lengths) and for random mixes of real sentences' lengths."""
+    import numpy as np
+
+    from bouquet.engine.linear.cpu import padded_rows
+
+    spec = load_spec(None)
+    engine = Engine(spec, device="cpu", dtype="float32")
+    rng = np.random.default_rng(0)
+
+    def check(seqs: list[np.ndarray]) -> None:
+        batched = engine.step(Batch.pack(seqs)).wait()
+        single = np.concatenate([engine.step(Batch.pack([s])).wait() for s in seqs])
+        cos = (batched * single).sum(1) / np.linalg.norm(batched, axis=1) / np.linalg.norm(single, axis=1)
+        assert cos.min() >= 0.99999, ([len(s) for s in seqs], cos)
+
+    lengths = (12, 9, 9, 12)
+    assert padded_rows(sum(lengths)) == max(lengths) * len(lengths) != sum(lengths)
+    check([rng.integers(1000, 20000, n).astype(np.int32) for n in lengths])
+    for _ in range(20):
+        check([rng.integers(1000, 20000, int(n)).astype(np.int32) for n in rng.integers(3, 40, rng.integers(2, 9))])

@@ -216,11 +216,16 @@ class SdpaGroupedBackend(AttentionBackend):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMeta,
                window: int | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         assert meta.groups is not None
-        if len(meta.groups) == 1 and meta.groups[0].index is None:
+        covered = sum(g.count * g.length for g in meta.groups)
+        if len(meta.groups) == 1 and meta.groups[0].index is None and covered == q.shape[0]:
             return _sdpa_run(meta.groups[0], q, k, v, meta.causal, window, bias)  # one run in order: a lone query
         out = q.new_empty(q.shape)
+        if covered < out.shape[0]:
+            out[covered:].zero_()  # padding rows (a CPU step at a padded count): no sequence writes them
         for g in meta.groups:
-            assert g.index is not None
+            if g.index is None:  # one run in order from row 0, then padding
+                out[:covered] = _sdpa_run(g, q[:covered], k[:covered], v[:covered], meta.causal, window, bias)
+                continue
             out.index_copy_(0, g.index, _sdpa_run(g, *(x.index_select(0, g.index) for x in (q, k, v)), meta.causal,
                                                   window, bias))
         return out
