@@ -79,7 +79,7 @@ def bench(
         raise typer.Exit(2)
     benchmarks = benchmarks or ",".join(LOAD_SUITES[suite].benchmarks)
     if benchmarks == "cpu":  # its own systems (bouquet/bench/cpu.py), whatever --suite's are
-        _cpu_suite(system, out, tiny)
+        _cpu_suite(system, out, tiny, history)
         return
     system = system or list(LOAD_SUITES[suite].systems)
     if device not in ("cuda", "cpu"):
@@ -170,10 +170,12 @@ for _name, (_module, _device, _what) in TOOL_SUITES.items():
     _tool(_name, _module, f"{_what} ({_device}).")
 
 
-def _cpu_suite(system: list[str], out: Path, tiny: bool) -> None:
+def _cpu_suite(system: list[str], out: Path, tiny: bool, history: Optional[Path]) -> None:
     """`--benchmarks cpu`: every CPU system unless --system names some (bouquet/bench/cpu.py);
-    --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run)."""
+    --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run); ``history``: the CSV its
+    figures are appended to."""
     from bouquet.bench.cpu import CPU_SYSTEMS, run_suite
+    from bouquet.bench.history import append_history, cpu_history_rows
 
     chosen = tuple(system) or CPU_SYSTEMS
     bad = [s for s in chosen if s not in CPU_SYSTEMS]
@@ -184,6 +186,8 @@ def _cpu_suite(system: list[str], out: Path, tiny: bool) -> None:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     record = run_suite(chosen, out, sentences=16 if tiny else 0, b1=8 if tiny else 200)
     typer.echo((out / "cpu-results.md").read_text())
+    if history is not None:
+        append_history(history, cpu_history_rows(record, str(out / "cpu-results.json")))
     if any("error" in r for r in record["systems"].values()):
         raise typer.Exit(1)
 

@@ -40,6 +40,20 @@ def history_rows(results: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return out
 
 
+# the CPU suite's figures per system (bench/cpu.py's record) and their units
+CPU_METRICS = {"bulk_per_s": "sentences/s", "b1_p50_ms": "ms", "b1_p99_ms": "ms", "min_cos": "1", "spearman": "1"}
+
+
+def cpu_history_rows(record: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """Rows of a CPU suite record (cpu-results.json) in ``COLUMNS`` order: one per system and
+    figure of ``CPU_METRICS``; the case names the STSb split and its pair count."""
+    base = {"date": str(record.get("date", ""))[:10], "device": f"CPU {record.get('cpu', '')}".strip(),
+            "commit": record.get("commit", "unknown"), "benchmark": "cpu", "source": source,
+            "case": f"STSb {record.get('split', '')} {record.get('pairs', '')} pairs"}
+    return [{**base, "system": system, "metric": metric, "value": row[metric], "unit": unit}
+            for system, row in record["systems"].items() for metric, unit in CPU_METRICS.items() if metric in row]
+
+
 def append_history(path: Path, rows: list[dict[str, Any]]) -> None:
     """Append ``rows`` to the CSV at ``path``, writing the header first when the file is new."""
     new = not path.exists() or path.stat().st_size == 0

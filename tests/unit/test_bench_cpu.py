@@ -2,6 +2,7 @@
 three systems (16 STSb pairs; one of them a served `bouquet serve`) whose record holds every column, scored against sentence-transformers."""
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -24,10 +25,11 @@ def test_unknown_cpu_system_is_refused_before_any_run(tmp_path: Path) -> None:
 
 def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bouquet", "bench", "--benchmarks", "cpu", "--system", "bouquet-fp32",
-                           "--system", "bouquet-http", "--tiny", "--out", str(tmp_path)],
+                           "--system", "bouquet-http", "--tiny", "--out", str(tmp_path / "out"),
+                           "--history", str(tmp_path / "history.csv")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads((tmp_path / "cpu-results.json").read_text())
+    record = json.loads((tmp_path / "out" / "cpu-results.json").read_text())
     assert set(record["systems"]) == {"st-fp32", "bouquet-fp32", "bouquet-http"}  # the reference always runs
     assert record["pairs"] == 16 and record["threads"] == 2 and record["cpu_flags"]
     for r in record["systems"].values():
@@ -39,6 +41,14 @@ def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
                  "cpu-results.md"):
         assert line in done.stderr, done.stderr[-2000:]
     assert set(CPU_SYSTEMS) >= set(record["systems"])
+    # --history: a row per system and figure, the record's values
+    with (tmp_path / "history.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["system"], r["metric"]) for r in rows} == {(s, m) for s in record["systems"] for m in
+                                                          ("bulk_per_s", "b1_p50_ms", "b1_p99_ms", "min_cos", "spearman")}
+    http = {r["metric"]: float(r["value"]) for r in rows if r["system"] == "bouquet-http"}
+    assert http["b1_p50_ms"] == record["systems"]["bouquet-http"]["b1_p50_ms"]
+    assert {r["commit"] for r in rows} == {record["commit"]} and rows[0]["case"] == "STSb test 16 pairs"
 
 
 def test_benchmarks_cpu_alone_runs_every_cpu_system(tmp_path: Path) -> None:
