@@ -35,10 +35,11 @@ serve: $(VENV)/.installed
 
 # tests/unit and tests/integration (tests/README.md) on two pytest-xdist workers, one file per worker
 # at a time: most of a server test's time is a child process starting or answering, so two workers
-# keep both cores busy. TEST_WORKERS=0 runs them in one process.
+# keep both cores busy. TEST_WORKERS=0 runs them in one process. The 15 slowest tests are listed at
+# the end: where the run's time goes when it creeps past its budget (12 minutes in CI, installs included).
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit tests/integration $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests/unit tests/integration $(ARGS)
 
 # Every GPU test: tests/gpu and the gpu-marked tests elsewhere (they skip without CUDA).
 test-gpu: $(VENV)/.installed-test
