@@ -245,7 +245,7 @@ def serve(cfg: ServeConfig) -> int:
                     groups.append(await_bound(next(pending)))
                 except RuntimeError as e:
                     raise RuntimeError(f"{e} (model {c.model})" if len(entries) > 1 else str(e)) from None
-                group_models.append(c.model)
+                group_models.append(c.model or spec.model_id)  # None: the embedded default, named by its id
                 addresses, paths = [r.address for r in groups[-1]], [r.ipc_path for r in groups[-1]]
             log.info("bouquet: model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")

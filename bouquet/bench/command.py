@@ -174,7 +174,7 @@ def _cpu_suite(system: list[str], out: Path, tiny: bool, history: Optional[Path]
     """`--benchmarks cpu`: every CPU system unless --system names some (bouquet/bench/cpu.py);
     --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run); ``history``: the CSV its
     figures are appended to."""
-    from bouquet.bench.cpu import CPU_SYSTEMS, run_suite
+    from bouquet.bench.cpu import CPU_SYSTEMS, missing_packages, run_suite
     from bouquet.bench.history import append_history, cpu_history_rows
 
     chosen = tuple(system) or CPU_SYSTEMS
@@ -182,6 +182,11 @@ def _cpu_suite(system: list[str], out: Path, tiny: bool, history: Optional[Path]
     if bad:
         typer.echo(f"error: unknown --system {', '.join(bad)} for --benchmarks cpu (choose from {', '.join(CPU_SYSTEMS)})",
                    err=True)
+        raise typer.Exit(2)
+    missing = missing_packages(chosen)
+    if missing:
+        typer.echo(f"error: --benchmarks cpu needs {', '.join(missing)} (the test extra: pip install -e '.[bench,test]', "
+                   "or make bench-cpu)", err=True)
         raise typer.Exit(2)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     record = run_suite(chosen, out, sentences=16 if tiny else 0, b1=8 if tiny else 200)

@@ -109,6 +109,16 @@ def _pairs(split: str, sentences: int) -> tuple[list[str], list[str], np.ndarray
     return s1[:k], s2[:k], gold[:k]
 
 
+def missing_packages(systems: tuple[str, ...]) -> list[str]:
+    """The Python packages a run of ``systems`` needs that are not installed: scipy (the
+    Spearman), sentence-transformers (the reference, always run), onnxruntime and onnx for the
+    ONNX Runtime peers."""
+    import importlib.util
+
+    need = ["scipy", "sentence_transformers"] + (["onnxruntime", "onnx"] if any(s.startswith("ort-") for s in systems) else [])
+    return [n.replace("_", "-") for n in need if importlib.util.find_spec(n) is None]
+
+
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     from scipy.stats import spearmanr
 

@@ -140,7 +140,7 @@ TEI_SIMILARITY_REQUEST = _obj({
         "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]}}},
     "priority": _PRIORITY}, ["inputs"])
 TEI_SIMILARITY_RESPONSE = {"type": "array", "items": _NUM}
-TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "model_type": {"type": "object"},
+TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "quantization": _STR, "model_type": {"type": "object"},
                           "max_input_length": _INT, "max_batch_tokens": _INT, "max_client_batch_size": _INT,
                           "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR,
                           "layout": _obj({"gateway_workers": _INT, "tokenizer_threads": _INT, "replicas": _INT,

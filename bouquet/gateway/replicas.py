@@ -105,6 +105,7 @@ class ReplicaPool:
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() of the last health check
+    was_ready: bool = False  # a replica has answered ready at least once (``status``)
     _coalescer: Coalescer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +142,15 @@ class ReplicaPool:
     def ready(self) -> bool:
         return any(r.healthy for r in self.replicas)
 
+    @property
+    def status(self) -> str:
+        """/health's word for this pool: "ok" (a replica answers), "loading" (none has been ready
+        yet: starting), "unavailable" (none answers now, though one was ready before: crashed,
+        hung or unreachable — not a server still starting)."""
+        if self.ready:
+            return "ok"
+        return "unavailable" if self.was_ready else "loading"
+
     async def _probe(self, r: Replica) -> None:
         try:
             info = await r.stub.Info(pb.InfoRequest(), timeout=2.0)
@@ -149,6 +159,7 @@ class ReplicaPool:
             # An IPC replica is usable once its socket has connected too (it may lag Info briefly).
             up = bool(info.ready) and r.calls.connected
             r.info, r.healthy = info, up
+            self.was_ready = self.was_ready or up
             r.last_error = "" if up else "loading" if not info.ready else f"no IPC connection to {r.calls.address} yet"
         except grpc.aio.AioRpcError as e:
             hint = " (give the gateway the replica's API key: BOUQUET_API_KEY)" if e.code() == grpc.StatusCode.UNAUTHENTICATED else ""

@@ -59,27 +59,35 @@ async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
                           "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
 
 
+def _overall(models: Catalog) -> str:
+    """"ok" when every model's pool is; else "unavailable" when one lost its replicas after being
+    ready, else "loading" (``ReplicaPool.status``)."""
+    words = {gw.pool.status for gw in models.gateways}
+    return "ok" if words == {"ok"} else "unavailable" if "unavailable" in words else "loading"
+
+
 async def health_route(models: Catalog) -> Response:
-    """200 once every model has a replica loaded and warmed up, 503 before; the replicas as the
-    pools see them: ``{"status", "model", "replicas"}`` for one model, ``{"status", "models":
-    [{"model", "task", "status", "replicas"}]}`` for several."""
-    ready = all(gw.pool.ready for gw in models.gateways)
-    status = 200 if ready else 503
+    """200 once every model has a replica loaded and warmed up, 503 otherwise, with "loading"
+    before any replica of a model was ready and "unavailable" after they all stopped answering;
+    the replicas as the pools see them: ``{"status", "model", "replicas"}`` for one model,
+    ``{"status", "models": [{"model", "task", "status", "replicas"}]}`` for several."""
+    overall = _overall(models)
+    status = 200 if overall == "ok" else 503
     if models.single:
         gw = models.gateways[0]
-        return json_response({"status": "ok" if ready else "loading", "model": gw.public_id,
+        return json_response({"status": overall, "model": gw.public_id,
                               "replicas": [r.describe() for r in gw.pool.replicas]}, status)
-    each = [{"model": gw.public_id, "task": gw.spec.task, "status": "ok" if gw.pool.ready else "loading",
+    each = [{"model": gw.public_id, "task": gw.spec.task, "status": gw.pool.status,
              "replicas": [r.describe() for r in gw.pool.replicas]} for gw in models.gateways]
-    return json_response({"status": "ok" if ready else "loading", "models": each}, status)
+    return json_response({"status": overall, "models": each}, status)
 
 
 async def health_status_route(models: Catalog) -> Response:
     """``/health`` for a client without the API key (when one is set): ``{"status"}`` and the same
     200 / 503 as ``health_route``, what a load balancer or probe needs; replicas' addresses, pids
     and devices are for authenticated clients only."""
-    ready = all(gw.pool.ready for gw in models.gateways)
-    return json_response({"status": "ok" if ready else "loading"}, 200 if ready else 503)
+    overall = _overall(models)
+    return json_response({"status": overall}, 200 if overall == "ok" else 503)
 
 
 def _model(gw: Gateway) -> dict[str, Any]:

@@ -188,6 +188,7 @@ async def info_route(models: Catalog) -> Response:
         model_type = {"reranker": {"id2label": {str(k): str(v) for k, v in labels.items()}}}
     return json_response({
         "model_id": gw.public_id, "model_sha": None, "model_dtype": first.dtype if first else "",
+        "quantization": gw.cfg.quantization,  # not TEI's: "none", "fp8" (GPU) or "int8" (CPU), as configured
         "model_type": model_type, "max_concurrent_requests": 0, "max_input_length": spec.max_seq_length,
         "max_batch_tokens": first.max_batch_tokens if first else 0, "max_batch_requests": None,
         "max_client_batch_size": gw.cfg.max_inputs, "auto_truncate": gw.cfg.truncate,

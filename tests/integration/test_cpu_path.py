@@ -38,14 +38,17 @@ def test_cpu_flags_reads_the_flags_line(tmp_path: Path) -> None:
     assert cpu_flags(tmp_path / "absent") == frozenset()
 
 
-def test_info_reports_the_cpu_dtype() -> None:
-    """`--dtype auto` on the CPU: /info's model_dtype is the dtype this CPU's flags choose."""
-    srv = BouquetProcess("--dtype", "auto")
+def test_info_reports_the_cpu_dtype_and_quantization() -> None:
+    """`--dtype auto` on the CPU: /info's model_dtype is the dtype this CPU's flags choose, and its
+    quantization the one served (int8 here, which then answers)."""
+    srv = BouquetProcess("--dtype", "auto", "--quantization", "int8")
     try:
         info = requests.get(f"{srv.url}/info", timeout=30).json()
+        r = requests.post(f"{srv.url}/v1/embeddings", json={"input": ["A man is playing a guitar."]}, timeout=60)
     finally:
         srv.stop()
-    assert info["model_dtype"] == cpu_dtype(cpu_flags())
+    assert info["model_dtype"] == cpu_dtype(cpu_flags()) and info["quantization"] == "int8"
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
 
 
 def test_int8_needs_the_cpu() -> None:

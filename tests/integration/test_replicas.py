@@ -110,7 +110,8 @@ def test_no_replica_left_is_a_quick_503():
         r = httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
         assert r.status_code == 503 and "replica" in r.json()["error"]["message"] and r.headers["retry-after"]
         assert time.monotonic() - t0 < 5
-        assert health(gw)["replicas"][0]["healthy"] is False
+        h = health(gw)
+        assert h["replicas"][0]["healthy"] is False and h["status"] == "loading"  # never ready: not "unavailable"
     finally:
         gw.stop()
 
@@ -195,3 +196,25 @@ def test_a_pool_that_has_not_yet_seen_its_replica_ready_asks_again_before_refusi
         assert rows.shape[0] == 1 and np.isfinite(rows).all()
     finally:
         replica.stop()
+
+
+def test_health_says_unavailable_when_a_ready_replica_is_gone() -> None:
+    """/health: "loading" is a server none of whose replicas has been ready yet (the test above);
+    once its only replica was ready and then is gone (SIGKILL), 503 "unavailable", and requests
+    get a quick 503."""
+    srv = GrpcServer()
+    gw = BouquetProcess("--server", srv.address)
+    try:
+        assert health(gw)["status"] == "ok"
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(30)
+        deadline = time.monotonic() + 30
+        r = httpx.get(gw.url + "/health", timeout=10)
+        while time.monotonic() < deadline and r.status_code == 200:
+            time.sleep(0.25)
+            r = httpx.get(gw.url + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["status"] == "unavailable", r.text
+        assert httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30).status_code == 503
+    finally:
+        gw.stop()
+        srv.stop()

@@ -71,3 +71,18 @@ def test_benchmarks_cpu_alone_runs_every_cpu_system(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=60)
     assert started, err[-2000:]
     assert "unknown --system" not in err and proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-2000:])
+
+
+def test_missing_packages_name_what_the_systems_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `make serve` venv has no scipy, sentence-transformers or ONNX Runtime: the suite says so
+    before any run (bench/command.py) instead of failing after its systems ran."""
+    import importlib.util
+
+    from bouquet.bench.cpu import missing_packages
+
+    assert missing_packages(("ort-int8", "bouquet-bf16")) == []  # the test extra is installed here
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("scipy", "onnxruntime") else real(name, *a))
+    assert missing_packages(("bouquet-bf16",)) == ["scipy"]
+    assert missing_packages(("ort-fp32", "bouquet-http")) == ["scipy", "onnxruntime"]

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from bouquet.engine.linear.base import linears
+from bouquet.engine.plan import DeviceProfile
 from bouquet.engine.linear.cpu import CpuMethod, Int8Linear, MaxRecorder, OneDnnMethod
 from bouquet.engine.linear.fp8 import KINDS, output_cosines
 from bouquet.engine.runtime.batch import Batch
@@ -35,7 +36,8 @@ SMOOTHED_KINDS: tuple[str, ...] = ("qkv", "o", "up")
 
 def describe(model: nn.Module) -> str:
     """The CPU kernels of ``model``'s projections, as logged at start."""
-    names = sorted({lin.method.name for lin in linears(model)})
+    cpu = DeviceProfile("cpu")
+    names = sorted({lin.method.describe(lin, 1, cpu) for lin in linears(model)})
     return ", ".join(names) or "PyTorch's GEMM"
 
 
