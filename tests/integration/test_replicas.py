@@ -203,7 +203,8 @@ def test_health_says_unavailable_when_a_ready_replica_is_gone() -> None:
     once its only replica was ready and then is gone (SIGKILL), 503 "unavailable", and requests
     get a quick 503."""
     srv = GrpcServer()
-    gw = BouquetProcess("--server", srv.address)
+    # one gateway worker: each worker process has its own view (one that never saw the replica ready says "loading")
+    gw = BouquetProcess("--server", srv.address, "--gateway-workers", "1")
     try:
         assert health(gw)["status"] == "ok"
         os.kill(srv.proc.pid, signal.SIGKILL)
