@@ -189,6 +189,8 @@ class CpuMethod(LinearMethod):
 def _rows(fn: "Callable[..., torch.Tensor]", x: torch.Tensor, *args: str) -> torch.Tensor:
     """``fn(x [T, K], *args)`` → [T, N], run at ``padded_rows(T)`` rows (zero rows appended and cut off)."""
     t = x.shape[0]
+    if t <= UNPADDED_MAX_ROWS:
+        return fn(x, *args)
     p = padded_rows(t)
     if p == t:
         return fn(x, *args)
@@ -201,25 +203,20 @@ class OneDnnMethod(CpuMethod):
 
     name = "oneDNN, prepacked"
     kernel: OneDnnLinear | None
-    # what the GEMM alone computes (fixed at load): "plain" (no activation), a oneDNN GELU
-    # post-op's algorithm (BERT's intermediate: one pass fewer over [T, I]), or "" (the layer's
-    # activation runs after it)
-    post: str = ""
+    whole: bool = False  # the GEMM alone computes the layer (no activation after it); fixed at load
+    post: str = ""  # its oneDNN GELU post-op ("none": erf, "tanh"), BERT's intermediate: one pass fewer over [T, I]
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         if not layer.weight.is_meta:
             self.kernel = OneDnnLinear.prepare(layer.weight, layer.bias)
-        self.post = "plain" if layer.act is None and layer.gated is None else (
-            GELU_POST_OPS.get(layer.act or "", "") if layer.gated is None else "")
+        self.post = GELU_POST_OPS.get(layer.act or "", "") if layer.gated is None else ""
+        self.whole = layer.gated is None and (layer.act is None or bool(self.post))
 
     def apply(self, layer: Linear, x: "torch.Tensor", quantize_out: bool = False) -> Out:
         # one call deep where the GEMM is the whole layer: a batch-1 step on 2 cores is ~2 ms for
         # 24 of these, and each Python frame on the way costs ~1 µs
-        post = self.post
-        if post and not quantize_out and self.kernel is not None:
-            if x.shape[0] <= UNPADDED_MAX_ROWS:
-                return self.kernel.apply(x, "" if post == "plain" else post)
-            return _rows(self.kernel.apply, x, "" if post == "plain" else post)
+        if self.whole and not quantize_out and self.kernel is not None:
+            return _rows(self.kernel.apply, x, self.post)
         return super().apply(layer, x, quantize_out)
 
     def describe(self, layer: Linear, tokens: int, profile: DeviceProfile) -> str:
