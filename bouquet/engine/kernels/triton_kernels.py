@@ -76,6 +76,18 @@ def _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, ma
 
 
 @triton.jit
+def _norm_row_in(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, n_cols, part_stride, SCALED: tl.constexpr,
+                 XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # the norm kernels' prologue: one program per row; (row, cols, mask, the GEMM output row in fp32)
+    _pdl_enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, mask, part_stride, SCALED, XBIAS, PARTS)
+    return row, cols, mask, x
+
+
+@triton.jit
 def _store_fp8(q_ptr, scale_ptr, row, n_cols, cols, mask, y):
     # per-row e4m3: scale = amax / 448 (masked columns hold 0 and never raise the max)
     scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
@@ -87,12 +99,9 @@ def add_ln_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr
                   part_stride, HAS_BIAS: tl.constexpr, KEEP_SUM: tl.constexpr, QUANT: tl.constexpr,
                   SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
                   PDL: tl.constexpr = False):
-    _pdl_enter(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
+    row, cols, mask, x = _norm_row_in(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, n_cols, part_stride, SCALED, XBIAS, PARTS,
+                                      BLOCK, PDL)
     dt = out_ptr.dtype.element_ty
-    x = _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, mask, part_stride, SCALED, XBIAS, PARTS)
     x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if KEEP_SUM:  # pre-norm: the rounded sum is the residual stream, and HF normalizes it
         s = x.to(dt)
@@ -113,12 +122,9 @@ def add_rms_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, q_ptr, scale_ptr, rs_p
                    part_stride, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr, QUANT: tl.constexpr,
                    SCALED: tl.constexpr, XBIAS: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
                    PDL: tl.constexpr = False):
-    _pdl_enter(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
+    row, cols, mask, x = _norm_row_in(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, n_cols, part_stride, SCALED, XBIAS, PARTS,
+                                      BLOCK, PDL)
     dt = out_ptr.dtype.element_ty
-    x = _load_gemm_out(x_ptr, rs_ptr, cs_ptr, xb_ptr, out_ptr, row, n_cols, cols, mask, part_stride, SCALED, XBIAS, PARTS)
     if HAS_RES:
         x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES or SCALED or PARTS > 1:  # the rounded sum (or true input) is the residual stream, HF normalizes it
