@@ -121,6 +121,20 @@ class ModelSpec:
         ColBERT width is the hidden size (colbert_linear: 1,024 → 1,024)."""
         return hidden_size(self.config) + (1 if self.token_heads else 0)
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """A scoring model's name for each column of its scores (``dimension`` names, column order):
+        config.json's ``id2label`` (keys "0".."n-1", as transformers writes them) when it names every
+        column, else transformers' default ``LABEL_i``; a lone column without names, and the yes/no
+        score of a causal-LM reranker, is "score". Empty for an embedding model."""
+        if self.task != "score":
+            return ()
+        id2label = {str(k): str(v) for k, v in (self.config.get("id2label") or {}).items()}
+        names = [id2label.get(str(i)) for i in range(self.dimension)]
+        if self.yes_no_ids is None and len(id2label) == self.dimension and None not in names:
+            return tuple(names)  # type: ignore[arg-type]
+        return ("score",) if self.dimension == 1 else tuple(f"LABEL_{i}" for i in range(self.dimension))
+
 
 def is_causal(cfg: dict[str, Any]) -> bool:
     """Whether attention is causal: decoder architectures (``Family.decoder``: Qwen3) are, unless

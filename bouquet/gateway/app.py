@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from bouquet.config import ServeConfig
 from bouquet.gateway import openapi_docs as d
-from bouquet.gateway import routes_cohere, routes_openai, routes_scoring, routes_sparse, routes_tei
+from bouquet.gateway import routes_cohere, routes_openai, routes_predict, routes_scoring, routes_sparse, routes_tei
 from bouquet.gateway.catalog import Catalog, model_names
 from bouquet.gateway.core import Gateway, tokenizer_threads
 from bouquet.gateway.drain import DrainState
@@ -42,12 +42,14 @@ ROUTES = Routes(
           "/rerank": routes_tei.rerank_route, "/tokenize": routes_tei.tokenize_route,
           "/similarity": routes_tei.similarity_route, "/decode": routes_tei.decode_route,
           "/embed_sparse": routes_sparse.embed_sparse_route, "/embed_all": routes_sparse.embed_all_route,
-          "/v2/embed": routes_cohere.embed_route, "/v2/rerank": routes_cohere.rerank_route},
+          "/v2/embed": routes_cohere.embed_route, "/v2/rerank": routes_cohere.rerank_route,
+          "/predict": routes_predict.predict_route, "/": routes_predict.compat_route,
+          "/invocations": routes_predict.compat_route},
     get={"/health": routes_openai.health_route, "/metrics": routes_openai.metrics_route,
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
     public={"/health": routes_openai.health_status_route},
-    kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v2/rerank": "score", "/v1/score": "score", "/rerank": "score"},
+    kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v2/rerank": "score", "/v1/score": "score", "/rerank": "score", "/predict": "score"},
 )
 
 
@@ -174,6 +176,12 @@ def describe_routes(app: FastAPI) -> None:
         ("/similarity", "POST", d.TEI_SIMILARITY_REQUEST, d.TEI_SIMILARITY_RESPONSE, True,
          "TEI similarity: cosine of each sentence with the source sentence"),
         ("/info", "GET", None, d.TEI_INFO_RESPONSE, True, "TEI info"),
+        ("/predict", "POST", d.TEI_PREDICT_REQUEST, d.TEI_PREDICT_RESPONSE, True,
+         "TEI predict: every label's score for a text, a pair or a batch (scoring models)"),
+        ("/", "POST", d.TEI_COMPAT_REQUEST, d.TEI_COMPAT_RESPONSE, True,
+         "TEI's default route: query + texts → /rerank; inputs → the model's /embed or /predict"),
+        ("/invocations", "POST", d.TEI_COMPAT_REQUEST, d.TEI_COMPAT_RESPONSE, True,
+         "SageMaker's route: as POST /"),
     ]
     for path, method, request, response, tei, summary in docs:
         kw = d.route_docs(request, response, tei=tei, media_type="text/plain" if path == "/metrics" else "application/json")

@@ -140,6 +140,31 @@ TEI_SIMILARITY_REQUEST = _obj({
         "long_input": {**_LONG, "enum": ["truncate", "error", "chunk_mean"]}}},
     "priority": _PRIORITY}, ["inputs"])
 TEI_SIMILARITY_RESPONSE = {"type": "array", "items": _NUM}
+_PAIR = {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 2}
+TEI_PREDICT_REQUEST = _obj({
+    "inputs": {"oneOf": [_TEXT, _PAIR, {"type": "array", "items": _PAIR, "minItems": 1}],
+               "description": "One input (a string, [text] or a pair [text, text_pair]), or a batch of them as lists: "
+                              "[[text], [text, text_pair], ...]. A list of strings is one input, never a batch."},
+    "raw_scores": {**_BOOL, "description": "The logits instead of softmax (several labels) or sigmoid (one label)"},
+    "truncate": _BOOL, "truncation_direction": _TEI_DIRECTION, "instruction": _STR, "priority": _PRIORITY,
+    "parameters": {"type": ["object", "null"], "description": "As huggingface_hub's text_classification sends it",
+                   "properties": {"function_to_apply": {"type": "string", "enum": ["softmax", "sigmoid", "none"]},
+                                  "top_k": _optional_int(1, "Keep the k best labels of each input")}},
+}, ["inputs"])
+_PREDICTIONS = {"type": "array", "items": _obj({"score": _NUM, "label": _STR}),
+                "description": "Every label of the model (config.json's id2label), by score descending"}
+TEI_PREDICT_RESPONSE = {"oneOf": [_PREDICTIONS, {"type": "array", "items": _PREDICTIONS}],
+                        "description": "One list for one input; a list of lists for a batch"}
+TEI_COMPAT_REQUEST = {
+    **_obj({**TEI_EMBED_REQUEST["properties"], **TEI_RERANK_REQUEST["properties"], **TEI_PREDICT_REQUEST["properties"],
+            "inputs": {"anyOf": [_INPUT, TEI_PREDICT_REQUEST["properties"]["inputs"],
+                                 TEI_SIMILARITY_REQUEST["properties"]["inputs"]]}}),
+    "oneOf": [{"required": ["query", "texts"]}, {"required": ["inputs"]}],
+    "description": "query + texts: as POST /rerank; inputs: as the model's own route (/predict for a scoring model, "
+                   "/similarity for an inputs object, /embed_sparse for a SPLADE model, else /embed)",
+}
+TEI_COMPAT_RESPONSE = {"anyOf": [TEI_EMBED_RESPONSE, TEI_RERANK_RESPONSE, TEI_PREDICT_RESPONSE, TEI_SIMILARITY_RESPONSE,
+                                 TEI_EMBED_SPARSE_RESPONSE]}
 TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "quantization": _STR, "model_type": {"type": "object"},
                           "max_input_length": _INT, "max_batch_tokens": _INT, "max_client_batch_size": _INT,
                           "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR,

@@ -1,5 +1,5 @@
 """text-embeddings-inference (TEI) compatible routes: ``/embed``, ``/rerank``, ``/similarity``, ``/tokenize``,
-``/decode``, ``/info``.
+``/decode``, ``/info`` (``/predict``, ``/`` and ``/invocations``: routes_predict.py).
 
 Request and response bodies follow TEI's OpenAPI document (``docs/openapi.json`` of
 huggingface/text-embeddings-inference); errors use TEI's ``{"error", "error_type"}`` shape.
@@ -26,7 +26,7 @@ from bouquet.gateway.scoring import PairFields, score_pairs
 from bouquet.tokenization import BadTokenId, token_spans
 
 
-def _direction(body: dict[str, Any]) -> str:
+def direction(body: dict[str, Any]) -> str:
     """TEI spells it ``Left`` / ``Right``; any case is accepted."""
     v = opt_str(body, "truncation_direction")
     if v is None:
@@ -50,7 +50,7 @@ async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     normalize = opt_bool(body, "normalize")
     # TEI's EmbedRequest defaults normalize to true, whatever the model's sentence-transformers
     # modules say (those decide on /v1/embeddings): a TEI client gets unit vectors unless it asks
-    res = await embed(gw, inputs, mode, _direction(body), prompt, True if normalize is None else normalize, dims,
+    res = await embed(gw, inputs, mode, direction(body), prompt, True if normalize is None else normalize, dims,
                       priority, "inputs")
     return json_response(res.vectors)
 
@@ -91,7 +91,7 @@ async def similarity_route(gw: Gateway, body: dict[str, Any]) -> Response:
     prompt = gw.resolve_prompt(params)
     priority = PRIORITIES[opt_str(body, "priority", tuple(PRIORITIES)) or "auto"]
     try:
-        res = await embed(gw, TextInputs([source, *sentences], None, False), mode, _direction(params), prompt, True,
+        res = await embed(gw, TextInputs([source, *sentences], None, False), mode, direction(params), prompt, True,
                           None, priority, "inputs")
     except APIError as e:  # "inputs[k]" is the k-th text of [source, *sentences]: name the field it came from
         m = re.match(r"inputs\[(\d+)\]", e.param or "")
@@ -143,7 +143,7 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     # TEI truncates the pair; here over-long pairs lose document tokens only: "Left" keeps the
     # document's end, "Right" (the default) its start
     s = await score_pairs(gw, [query] * len(texts), texts, **common_options(gw, body),
-                          fields=PairFields(docs="texts"), side=_direction(body))
+                          fields=PairFields(docs="texts"), side=direction(body))
     out = []
     for i in ranked(s.values, None):
         item: dict[str, Any] = {"index": i, "score": float(s.values[i])}
@@ -183,9 +183,11 @@ async def info_route(models: Catalog) -> Response:
     first = next((r.info for r in gw.pool.replicas if r.info is not None), None)
     if spec.task == "embed":
         model_type: dict[str, Any] = {"embedding": {"pooling": spec.pooling}}
-    else:
-        labels = spec.config.get("id2label") or {"0": "score"}
-        model_type = {"reranker": {"id2label": {str(k): str(v) for k, v in labels.items()}}}
+    else:  # TEI: "classifier" for several labels, "reranker" for one; /predict names its scores with these
+        labels = spec.labels
+        model_type = {"classifier" if len(labels) > 1 else "reranker": {
+            "id2label": {str(i): name for i, name in enumerate(labels)},
+            "label2id": {name: i for i, name in enumerate(labels)}}}
     return json_response({
         "model_id": gw.public_id, "model_sha": None, "model_dtype": first.dtype if first else "",
         "quantization": gw.cfg.quantization,  # not TEI's: "none", "fp8" (GPU) or "int8" (CPU), as configured

@@ -1,4 +1,5 @@
-"""Scoring (query, document) pairs, shared by ``/v1/rerank``, ``/v1/score`` and TEI's ``/rerank``.
+"""Scoring (query, document) pairs, shared by ``/v1/rerank``, ``/v1/score`` and TEI's ``/rerank`` and
+``/predict`` (which also reads every label's score: ``encode_pairs`` and ``activate``).
 
 Three kinds of model, one contract (``score_pairs`` → one float per pair):
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -31,6 +32,8 @@ from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.tokenization import Encoded, Side, TooLong
+
+Activation = Literal["auto", "softmax", "sigmoid", "none"]
 
 
 @dataclass(frozen=True)
@@ -63,24 +66,37 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
     APIError (400 for inputs that cannot fit, its ``param`` the request field of ``fields`` at
     fault, and for ``instruction`` sent to a model that takes none; 413 when the pairs' tokens,
     queries and documents together, exceed ``--max-request-tokens``)."""
+    check_instruction(gw, instruction)
+    if gw.spec.task == "embed":
+        return await _cosine(gw, queries, docs, truncate, priority, fields, side)
+    enc = await encode_pairs(gw, queries, docs, truncate=truncate, instruction=instruction, fields=fields, side=side)
+    gw.check_tokens(enc.num_tokens, None)
+    logits = (await gw.infer(enc.ids, enc.type_ids, None, None, priority)).astype(np.float64)  # [N, num_labels]
+    return Scores((logits if raw else activate(logits))[:, -1], enc.num_tokens)
+
+
+def check_instruction(gw: Gateway, instruction: str | None) -> None:
+    """Raises APIError 400 for an ``instruction`` sent to a model without a prompt to put it in."""
     if instruction is not None and not gw.spec.pair_template:
         raise bad_request("'instruction' applies only to instruction-following rerankers (Qwen3-Reranker)",
                           "instruction", "unsupported_parameter")
-    if gw.spec.task == "embed":
-        return await _cosine(gw, queries, docs, truncate, priority, fields, side)
+
+
+async def encode_pairs(gw: Gateway, queries: list[str], docs: list[str], *, truncate: bool, instruction: str | None,
+                       fields: PairFields, side: Side) -> Encoded:
+    """Pair i = (queries[i], docs[i]) tokenized as a scoring model reads it: a cross-encoder's two
+    segments with token types, or a causal-LM reranker's filled template (one sequence, no token
+    types). Over-long pairs lose document tokens on ``side``. The request's token limit is the
+    caller's to check. Raises APIError 400 for a pair that cannot fit (``param`` from ``fields``)."""
     template = gw.spec.pair_template  # set by modelspec for causal-LM rerankers (Qwen3-Reranker)
     if template:
         instr = instruction or gw.spec.default_instruction or ""
         shards = await gw.run_sharded(_templated, list(zip(queries, docs)), gw, template, instr, truncate, fields, side)
         texts = [t for shard in shards for t in shard]
-        tokens = int(sum(len(t) for t in texts))
-        gw.check_tokens(tokens, None)
-        logits = await gw.infer(texts, None, None, None, priority)
-        col = logits[:, 0].astype(np.float64)
-        return Scores(col if raw else _sigmoid(col), tokens)
+        return Encoded(texts, None, int(sum(len(t) for t in texts)))
     try:
         pairs = list(zip(queries, docs))
-        enc = Encoded.joined(await gw.run_sharded(shard_of(gw.tokenizer.encode_pairs), pairs, side, truncate))
+        return Encoded.joined(await gw.run_sharded(shard_of(gw.tokenizer.encode_pairs), pairs, side, truncate))
     except TooLong as e:
         where = fields.doc_at(e.index)
         raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
@@ -88,14 +104,19 @@ async def score_pairs(gw: Gateway, queries: list[str], docs: list[str], *, raw: 
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception when the query leaves no room
         raise bad_request(f"{fields.query}: the query does not fit the model's {gw.spec.max_seq_length} tokens with "
                           f"any document: {e}", fields.query, "context_length_exceeded") from None
-    gw.check_tokens(enc.num_tokens, None)
-    logits = (await gw.infer(enc.ids, enc.type_ids, None, None, priority)).astype(np.float64)  # [N, num_labels]
-    if raw:
-        return Scores(logits[:, -1], enc.num_tokens)
-    if logits.shape[1] == 1:
-        return Scores(_sigmoid(logits[:, 0]), enc.num_tokens)
+
+
+def activate(logits: np.ndarray, fn: Activation = "auto") -> np.ndarray:
+    """Scores from a scoring model's logits float64 [N, L] → float64 [N, L]: "auto" is TEI's
+    ``predict`` (core/src/infer.rs): the softmax over the labels, or the sigmoid of a lone label;
+    "softmax" / "sigmoid" apply that function (the sigmoid to each label on its own, as
+    transformers' text-classification pipeline's ``function_to_apply``), "none" returns the logits."""
+    if fn == "none":
+        return logits
+    if fn == "sigmoid" or (fn == "auto" and logits.shape[1] == 1):
+        return _sigmoid(logits)
     z = np.exp(logits - logits.max(1, keepdims=True))
-    return Scores(z[:, -1] / z.sum(1), enc.num_tokens)
+    return z / z.sum(1, keepdims=True)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -216,7 +216,8 @@ def test_metrics(minilm_server):
 
 def test_openapi_and_json_404_405(minilm_server):
     spec = httpx.get(minilm_server.url + "/openapi.json").json()
-    posts = {"/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/similarity", "/decode"}
+    posts = {"/v1/embeddings", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/similarity", "/decode",
+             "/predict"}
     gets = {"/health", "/metrics", "/v1/models", "/info"}
     assert posts | gets <= set(spec["paths"])
     for p in posts:
@@ -267,6 +268,13 @@ def test_openapi_and_json_404_405(minilm_server):
     ("/decode", {"ids": [[101], [102]]}, True),
     ("/decode", {"ids": []}, False),
     ("/decode", {"ids": [[101], []]}, False),
+    ("/", {"inputs": "x"}, True),
+    ("/", {"query": "q", "texts": ["a"]}, True),
+    ("/invocations", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, True),
+    ("/", {}, False),
+    ("/", {"query": "q", "texts": ["a"], "inputs": "x"}, False),
+    ("/invocations", {"query": "q", "texts": []}, False),
+    ("/", {"inputs": ""}, False),
 ])
 def test_openapi_schema_agrees_with_the_server(minilm_server, path, body, ok):
     """A body /openapi.json allows is served (200); one it rules out is refused (400), and the

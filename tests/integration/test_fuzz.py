@@ -65,7 +65,8 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/v2/embed", "/embed", "/v1/rerank", "/rerank", "/v1/score"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v2/embed", "/embed", "/v1/rerank", "/rerank", "/v1/score", "/predict",
+                                  "/"])
 def test_malformed_bodies_are_4xx(minilm_server, path):
     for body in MALFORMED:
         for ctype in ("application/json", "text/plain"):
@@ -82,7 +83,7 @@ def test_wrong_method_4xx(minilm_server, method):
 
 
 ROUTES = ["/v1/embeddings", "/v2/embed", "/v1/rerank", "/v1/score", "/embed", "/rerank", "/tokenize", "/embed_sparse", "/embed_all",
-          "/health", "/metrics",
+          "/predict", "/", "/invocations", "/health", "/metrics",
           "/v1/models", "/v1/models/sentence-transformers/all-MiniLM-L6-v2", "/v1/models/unknown", "/info", "/nope"]
 
 
