@@ -33,7 +33,7 @@ from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import opt_int, opt_str
 from bouquet.gateway.routes_scoring import common_options, ranked
 from bouquet.gateway.scoring import Activation, PairFields, activate, check_instruction, encode_pairs
-from bouquet.tokenization import Encoded, TooLong
+from bouquet.tokenization import Encoded, Side, TooLong
 
 Item = tuple[str, str | None]  # (text, its pair's second text or None)
 _SHAPES = "a string, a pair [text, text_pair], or a batch [[text], [text, text_pair], ...]"
@@ -137,7 +137,7 @@ async def predict_route(gw: Gateway, body: dict[str, Any]) -> Response:
 
 
 async def _logits(gw: Gateway, items: list[Item], names: list[tuple[str, str]], truncate: bool,
-                  instruction: str | None, priority: int, side: str) -> np.ndarray:
+                  instruction: str | None, priority: int, side: Side) -> np.ndarray:
     """float64 [N, labels]: every item run in one call, texts and pairs alike (a text is one
     segment of token type 0). Raises APIError 400 / 413 as ``predict_route``."""
     singles = [i for i, (_, b) in enumerate(items) if b is None]
@@ -162,7 +162,7 @@ async def _logits(gw: Gateway, items: list[Item], names: list[tuple[str, str]], 
     if pairs:
         fields = _ItemFields(query="inputs", docs="inputs", rows=tuple(pairs), names=tuple(names))
         enc = await encode_pairs(gw, [items[i][0] for i in pairs], [items[i][1] or "" for i in pairs],
-                                 truncate=truncate, instruction=instruction, fields=fields, side=side)  # type: ignore[arg-type]
+                                 truncate=truncate, instruction=instruction, fields=fields, side=side)
         for k, i in enumerate(pairs):
             ids[i] = enc.ids[k]
             types[i] = enc.type_ids[k] if enc.type_ids is not None else None

@@ -23,17 +23,17 @@ from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import PairFields, score_pairs
-from bouquet.tokenization import BadTokenId, token_spans
+from bouquet.tokenization import BadTokenId, Side, token_spans
 
 
-def direction(body: dict[str, Any]) -> str:
-    """TEI spells it ``Left`` / ``Right``; any case is accepted."""
+def direction(body: dict[str, Any]) -> Side:
+    """``truncation_direction``: TEI spells it ``Left`` / ``Right``; any case is accepted. Raises APIError 400."""
     v = opt_str(body, "truncation_direction")
     if v is None:
         return "right"
     if v.lower() not in ("left", "right"):
         raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {shown(v)}", "truncation_direction", "invalid_value")
-    return v.lower()
+    return "left" if v.lower() == "left" else "right"
 
 
 async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
