@@ -161,10 +161,12 @@ class TextTokenizer:
         self._fast: FastBPE | None = fast_bpe(base, str(spec.tokenizer_path))
         # Truncation is a setting of the Rust tokenizer, so each (side, single/pair) has its own copy.
         # A copy of a large tokenizer.json costs ~1 s (XLM-R's 17 MB), so only what the model's
-        # task uses by default is built here; a left-side or other-task copy on first use.
+        # task uses by default is built here (none for single texts on the tiktoken path); a
+        # left-side or other-task copy on first use.
         self._trunc: dict[str, Tokenizer] = {}
         self._trunc_lock = threading.Lock()
-        self._truncating("right_pair" if spec.task == "score" else "right")
+        if spec.task == "score" or self._fast is None:
+            self._truncating("right_pair" if spec.task == "score" else "right")
         self.vocab_size = spec.vocab_size
         self._windowers: dict[int, Tokenizer] = {}  # by overlap; built on first long input
         self._prompt_lengths: dict[str, int] = {}
@@ -191,8 +193,9 @@ class TextTokenizer:
         return np.fromiter(ids, dtype=np.int32, count=len(ids))
 
     def _bounded(self, texts: list[str], side: Side, encodings: bool = False) -> tuple[list[str], list[Any]]:
-        """(parts, their ids without special tokens: lists, or ``tokenizers`` Encodings when ``encodings``):
-        the part of each text that truncation to ``max_len`` on ``side`` keeps from: the whole text, or a window at that end (``_window``)
+        """(parts, their ids without special tokens: lists, or ``tokenizers`` Encodings when
+        ``encodings``): the part of each text that truncation to ``max_len`` on ``side`` keeps from:
+        the whole text, or a window at that end (``_window``)
         that yields at least ``max_len + _margin`` tokens, so that the kept tokens are those of
         the whole text (tests/integration/test_tokenizer_equality.py checks this on every tokenizer kind).
 
