@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 # GPT-2's expression, as ``tokenizers``' ByteLevel pre-tokenizer runs it with ``use_regex``
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # Split expressions tiktoken's fancy-regex is known to read as Oniguruma does (tested on every code
-# point): Qwen2/2.5/3's, and GPT-2's. Another expression may use a construct the two read apart.
+# point): Qwen2/2.5/3's, and GPT-2's. Another expression may use a construct the two read apart. Both
+# match every character (a letter, a number, whitespace or anything else): tiktoken drops text that
+# no match covers, where ``Split`` (Isolated) keeps it as a piece.
 KNOWN_PATTERNS = frozenset({
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     GPT2_PATTERN,
