@@ -1,6 +1,7 @@
 """Tokenization in the gateway, with Hugging Face ``tokenizers`` (Rust; ``encode_batch`` releases
 the GIL and runs in parallel). The raw ``Tokenizer`` object is used, never a ``transformers``
-wrapper (shared wrappers fail across threads with "Already borrowed").
+wrapper (shared wrappers fail across threads with "Already borrowed"). Ids without offsets of a
+byte-level BPE file that tiktoken reproduces exactly (Qwen's) come from tiktoken (bouquet/bpe_fast.py).
 
 Truncation is decided per request. With truncation on, a text much longer than the model's limit
 is tokenized only at the end that is kept (``_bounded``), so a huge input costs what its kept
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Tokenizer
 
+from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
 
 Side = Literal["left", "right"]
@@ -156,12 +158,15 @@ class TextTokenizer:
         appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
         self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
+        self._fast: FastBPE | None = fast_bpe(base, str(spec.tokenizer_path))
         # Truncation is a setting of the Rust tokenizer, so each (side, single/pair) has its own copy.
         # A copy of a large tokenizer.json costs ~1 s (XLM-R's 17 MB), so only what the model's
-        # task uses by default is built here; a left-side or other-task copy on first use.
+        # task uses by default is built here (none for single texts on the tiktoken path); a
+        # left-side or other-task copy on first use.
         self._trunc: dict[str, Tokenizer] = {}
         self._trunc_lock = threading.Lock()
-        self._truncating("right_pair" if spec.task == "score" else "right")
+        if spec.task == "score" or self._fast is None:
+            self._truncating("right_pair" if spec.task == "score" else "right")
         self.vocab_size = spec.vocab_size
         self._windowers: dict[int, Tokenizer] = {}  # by overlap; built on first long input
         self._prompt_lengths: dict[str, int] = {}
@@ -187,9 +192,10 @@ class TextTokenizer:
             return np.fromiter(itertools.chain(ids, (self.eos,)), dtype=np.int32, count=len(ids) + 1)
         return np.fromiter(ids, dtype=np.int32, count=len(ids))
 
-    def _bounded(self, texts: list[str], side: Side) -> tuple[list[str], list[Any]]:
-        """(parts, their encodings without special tokens): the part of each text that truncation to
-        ``max_len`` on ``side`` keeps from: the whole text, or a window at that end (``_window``)
+    def _bounded(self, texts: list[str], side: Side, encodings: bool = False) -> tuple[list[str], list[Any]]:
+        """(parts, their ids without special tokens: lists, or ``tokenizers`` Encodings when
+        ``encodings``): the part of each text that truncation to ``max_len`` on ``side`` keeps from:
+        the whole text, or a window at that end (``_window``)
         that yields at least ``max_len + _margin`` tokens, so that the kept tokens are those of
         the whole text (tests/integration/test_tokenizer_equality.py checks this on every tokenizer kind).
 
@@ -213,11 +219,12 @@ class TextTokenizer:
                 if not clean:
                     n = len(part) + 1
                     batch.append(texts[i][:n] if side == "right" else texts[i][len(texts[i]) - n:])
-            encs = self._plain.encode_batch_fast(batch, add_special_tokens=False)
+            encs = self._plain.encode_batch_fast(batch, add_special_tokens=False) if encodings else self.plain_ids(batch)
+            seqs = [e.ids for e in encs] if encodings else encs
             todo = []
             for i, k, whole, clean in slots:
-                ids = encs[k].ids
-                if whole or (len(ids) >= need and (clean or _same_end(ids, encs[k + 1].ids, keep, side))):
+                ids = seqs[k]
+                if whole or (len(ids) >= need and (clean or _same_end(ids, seqs[k + 1], keep, side))):
                     out[i] = encs[k]
                 else:  # too few tokens: grow by the characters per token seen; an unsettled cut: double
                     short = need / max(1, len(ids))
@@ -242,19 +249,22 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:
         """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
-        if truncate:
-            # The truncating copy in one pass; long texts through a window at their kept end,
-            # truncated by the same copy's post-processor (what its ``encode`` runs after the model).
-            trunc, long_idx = self._truncating(side), self._windowed(texts)
-            encs = _spliced(texts, long_idx, lambda xs: [trunc.post_process(e) for e in self._bounded(xs, side)[1]],
-                            lambda xs: _encode_ids(trunc, xs))
-            ids = [self._finish(e.ids) for e in encs]
-            return Encoded(ids, None, int(sum(len(x) for x in ids)))
-        encs = _encode_ids(self._plain, texts)
-        for i, e in enumerate(encs):
-            if len(e.ids) > self.max_len:
-                raise TooLong(i, len(e.ids) + self.spec.max_seq_length - self.max_len, self.spec.max_seq_length)
-        ids = [self._finish(e.ids) for e in encs]
+        fast, long_idx = self._fast, self._windowed(texts) if truncate else []
+        keep = self.max_len - fast.template.added if fast is not None and truncate else None
+        if fast is not None and (keep is None or keep > 0):  # tiktoken's ids, cut and wrapped as the post-processor does
+            wrap = lambda xs: [fast.template.wrap(x, keep, side) for x in xs]  # noqa: E731
+            seqs = _spliced(texts, long_idx, lambda xs: wrap(self._bounded(xs, side)[1]), lambda xs: wrap(map(fast.ids, xs)))
+        elif truncate:  # the truncating copy in one pass; long texts through a window at their kept end,
+            # truncated by the same copy's post-processor (what its ``encode`` runs after the model)
+            trunc = self._truncating(side)
+            seqs = [e.ids for e in _spliced(texts, long_idx, lambda xs: [trunc.post_process(e) for e in self._bounded(xs, side, True)[1]],
+                                            lambda xs: _encode_ids(trunc, xs))]
+        else:
+            seqs = [e.ids for e in _encode_ids(self._plain, texts)]
+        for i, x in enumerate(seqs if not truncate else ()):
+            if len(x) > self.max_len:
+                raise TooLong(i, len(x) + self.spec.max_seq_length - self.max_len, self.spec.max_seq_length)
+        ids = [self._finish(x) for x in seqs]
         return Encoded(ids, None, int(sum(len(x) for x in ids)))
 
     def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right", truncate: bool = True) -> Encoded:
@@ -271,7 +281,7 @@ class TextTokenizer:
         q_encs = dict(zip(unique, self._plain.encode_batch_fast(unique, add_special_tokens=False)))
         docs = [d for _, d in pairs]
         long_docs = self._windowed(docs) if truncate else []
-        d_encs = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side)[1],
+        d_encs = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side, True)[1],
                           lambda xs: self._plain.encode_batch_fast(xs, add_special_tokens=False))
         encs = [join.post_process(q_encs[q], d) for (q, _), d in zip(pairs, d_encs)]
         if not truncate:
@@ -331,8 +341,15 @@ class TextTokenizer:
     # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------
     def plain_ids(self, texts: list[str]) -> list[list[int]]:
         """Texts → token ids without special tokens, never truncated (no character offsets: cheaper
-        than ``encodings``)."""
+        than ``encodings``; tiktoken's where it reproduces the file)."""
+        if self._fast is not None:
+            return [self._fast.ids(t) for t in texts]
         return [e.ids for e in self._plain.encode_batch_fast(texts, add_special_tokens=False)]
+
+    @property
+    def spreads_batches(self) -> bool:
+        """Whether one call spreads a batch over the cores (``tokenizers``); tiktoken's stays on its thread."""
+        return self._fast is None
 
     def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Any]:
         """Texts → ``tokenizers.Encoding`` objects (ids, tokens, offsets), never truncated."""

@@ -78,13 +78,14 @@ class Gateway:
         of about SHARD_CHARS characters, at most one per tokenizer thread, run at once on those
         threads (``a``, the shard's first index, lets ``fn`` name an item at fault); returns the
         results in shard order. One call (``run_tokenizer``) when one shard holds all, and under a
-        single gateway worker (whose Rust tokenizer spreads a batch over the cores itself). When shards
+        single gateway worker whose Rust tokenizer spreads a batch over the cores itself (not
+        tiktoken's: ``TextTokenizer.spreads_batches``). When shards
         raise, the first shard's exception is raised (the lowest item at fault, as one call would).
 
         Why: under several gateway workers the Rust tokenizer runs each batch on one core
         (TOKENIZERS_PARALLELISM=false, launcher.py), so a 100-document rerank would tokenize on
         one core while the worker's other tokenizer threads idle; the calls release the GIL."""
-        threads = tokenizer_threads(self.cfg) if self.cfg.gateway_workers > 1 else 1
+        threads = tokenizer_threads(self.cfg) if self.cfg.gateway_workers > 1 or not self.tokenizer.spreads_batches else 1
         sizes = list(map(_size, items)) if threads > 1 and len(items) > 1 else []
         total = sum(sizes)
         shards = max(1, min(threads, len(items), -(-total // SHARD_CHARS)))
