@@ -391,27 +391,3 @@ class TextTokenizer:
             out.append(wins)
         return out
 
-
-def token_spans(text: str, tokens: list[str], offsets: list[tuple[int, int]], special: list[int]) -> list[tuple[int, int] | None]:
-    """Character spans of an encoding's tokens that never overlap (None for special tokens).
-
-    ``tokenizers`` can report overlapping offsets: SentencePiece-style (Metaspace) tokenizers emit a
-    synthetic "▁" word-start token labelled with the first character of the word that follows it
-    (XLM-R: "中文" → "▁" at [0, 1], "中文" at [0, 2]), and byte-level BPE labels every piece of a
-    split character with the whole character. Here a token made only of "▁" over input that is not
-    whitespace covers no characters ([a, a]), and a token starting before the previous one's end
-    starts there instead, so ``text[start:stop]`` is each token's own share of the input.
-    """
-    spans: list[tuple[int, int] | None] = []
-    cursor = 0
-    for tok, (a, b), sp in zip(tokens, offsets, special):
-        if sp:
-            spans.append(None)
-            continue
-        if tok and tok.strip("\u2581") == "" and not text[a:b].isspace():
-            b = a  # a word-start marker, not a character of the input
-        a = max(a, cursor)
-        b = max(b, a)
-        spans.append((a, b))
-        cursor = b
-    return spans

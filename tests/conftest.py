@@ -1,6 +1,7 @@
 """Fixtures shared by tests/unit, tests/integration and tests/gpu (the layout: tests/README.md)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -20,6 +21,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if GPU_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.gpu)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_threads_per_worker() -> None:
+    """Under pytest-xdist, torch in this process (engines and references built in tests) gets the
+    cores divided by the workers: two workers each running an OpenMP team as wide as the machine
+    leave every team waiting on the other's threads at each op's barrier (the STSb fp8 test took
+    90 s beside another worker, 26 s alone). Servers the tests start keep their own setting."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,7 +23,7 @@ from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import PairFields, score_pairs
-from bouquet.tokenization import BadTokenId, Side, token_spans
+from bouquet.tokenization import BadTokenId, Side
 
 
 def direction(body: dict[str, Any]) -> Side:
@@ -158,7 +158,7 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     ``prompt_name`` → per input a list of ``{"id", "text", "special", "start", "stop"}``:
     character offsets into the text tokenized (the prompt, when one applies, then the input),
     null for special tokens; spans never overlap and ``text`` is always ``input[start:stop]``
-    (``bouquet.tokenization.token_spans``)."""
+    (``token_spans``)."""
     texts = parse_texts(body.get("inputs"), "inputs", gw.cfg.max_inputs)
     add_special = opt_bool(body, "add_special_tokens")
     prompt = gw.resolve_prompt(body)
@@ -201,3 +201,28 @@ async def info_route(models: Catalog) -> Response:
                    "replicas": len(gw.cfg.servers), "replicas_per_gpu": max(1, gw.cfg.replicas_per_gpu),
                    "chosen": gw.cfg.layout or "as configured"},
     })
+
+
+def token_spans(text: str, tokens: list[str], offsets: list[tuple[int, int]], special: list[int]) -> list[tuple[int, int] | None]:
+    """Character spans of an encoding's tokens that never overlap (None for special tokens).
+
+    ``tokenizers`` can report overlapping offsets: SentencePiece-style (Metaspace) tokenizers emit a
+    synthetic "▁" word-start token labelled with the first character of the word that follows it
+    (XLM-R: "中文" → "▁" at [0, 1], "中文" at [0, 2]), and byte-level BPE labels every piece of a
+    split character with the whole character. Here a token made only of "▁" over input that is not
+    whitespace covers no characters ([a, a]), and a token starting before the previous one's end
+    starts there instead, so ``text[start:stop]`` is each token's own share of the input.
+    """
+    spans: list[tuple[int, int] | None] = []
+    cursor = 0
+    for tok, (a, b), sp in zip(tokens, offsets, special):
+        if sp:
+            spans.append(None)
+            continue
+        if tok and tok.strip("\u2581") == "" and not text[a:b].isspace():
+            b = a  # a word-start marker, not a character of the input
+        a = max(a, cursor)
+        b = max(b, a)
+        spans.append((a, b))
+        cursor = b
+    return spans
