@@ -37,6 +37,7 @@ from bouquet.gateway.core import Gateway
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
 from bouquet.gateway.http import parse_json, read_body
+from bouquet.gateway.refusals import Refusals
 
 log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -139,6 +140,7 @@ class Front:
         metrics = self.gw.metrics
         # Labelled children looked up once: ``labels()`` takes a lock and builds a key per call.
         self._latency = {r: metrics.latency.labels(r) for r in (*self.known, "other")}
+        self.refusals = Refusals(metrics.refusals)  # the protocol's own answers (refusals.py), this process's
         self._count: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
