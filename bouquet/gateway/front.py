@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, MutableMapping
 
+import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
@@ -158,7 +159,11 @@ class Front:
             if drain.draining and path != "/metrics":  # the last scrape still sees the drain's counts
                 err = APIError(503, "the server is shutting down; retry on another instance", None, "shutting_down",
                                headers={"Retry-After": str(drain.retry_after_s), "Connection": "close"})
-                await self._send(send, err.response_for(path), scope, t0)
+                response = err.response_for(path)
+                if path == "/health":  # its word beside ok / loading / unavailable (docs/api.md), and the TEI error
+                    body = {"status": "shutting_down", "error": err.message, "error_type": "Unhealthy"}
+                    response = Response(orjson.dumps(body), 503, err.headers, media_type="application/json")
+                await self._send(send, response, scope, t0)
                 return
             drain.inflight += 1
         try:
