@@ -179,7 +179,8 @@ def describe_routes(app: FastAPI) -> None:
         ("/predict", "POST", d.TEI_PREDICT_REQUEST, d.TEI_PREDICT_RESPONSE, True,
          "TEI predict: every label's score for a text, a pair or a batch (scoring models)"),
         ("/", "POST", d.TEI_COMPAT_REQUEST, d.TEI_COMPAT_RESPONSE, True,
-         "TEI's default route: query + texts → /rerank; inputs → the model's /embed or /predict"),
+         "TEI's default route: query + texts → /rerank; inputs → the model's /embed, /predict (scoring) or "
+         "/embed_sparse (SPLADE); an inputs object → /similarity"),
         ("/invocations", "POST", d.TEI_COMPAT_REQUEST, d.TEI_COMPAT_RESPONSE, True,
          "SageMaker's route: as POST /"),
     ]
