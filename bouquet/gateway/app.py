@@ -179,12 +179,18 @@ def describe_routes(app: FastAPI) -> None:
         ("/predict", "POST", d.TEI_PREDICT_REQUEST, d.TEI_PREDICT_RESPONSE, True,
          "TEI predict: every label's score for a text, a pair or a batch (scoring models)"),
         ("/", "POST", d.TEI_COMPAT_REQUEST, d.TEI_COMPAT_RESPONSE, True,
-         "TEI's default route: query + texts → /rerank; inputs → the model's /embed or /predict"),
+         "TEI's default route: query + texts → /rerank; inputs → the model's /embed, /predict (scoring) or "
+         "/embed_sparse (SPLADE); an inputs object → /similarity"),
         ("/invocations", "POST", d.TEI_COMPAT_REQUEST, d.TEI_COMPAT_RESPONSE, True,
          "SageMaker's route: as POST /"),
     ]
+    # GET routes' errors: 401 where the server has an API key (all but /health), /health's 503 is its own object
+    key = {401: "Missing or wrong API key (a server started with --api-key)"}
+    get_errors = {"/health": {503: "Not ready: status loading, unavailable or shutting_down"},
+                  "/v1/models/{model}": {**key, 404: "No served model under this name"}}
     for path, method, request, response, tei, summary in docs:
-        kw = d.route_docs(request, response, tei=tei, media_type="text/plain" if path == "/metrics" else "application/json")
+        kw = d.route_docs(request, response, tei=tei, media_type="text/plain" if path == "/metrics" else "application/json",
+                          errors=get_errors.get(path, key), error=response if path == "/health" else None)
         app.add_api_route(path, _served_by_front, methods=[method], summary=summary, **kw)
     app.add_api_route("/v2/embed", _served_by_front, methods=["POST"],
                       summary="Cohere v2 embed: float, int8, uint8, binary, ubinary and base64 vectors",

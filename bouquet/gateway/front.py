@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, MutableMapping
 
+import orjson
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
@@ -37,6 +38,7 @@ from bouquet.gateway.core import Gateway
 from bouquet.gateway.drain import DrainState
 from bouquet.gateway.errors import APIError, internal_error
 from bouquet.gateway.http import parse_json, read_body
+from bouquet.gateway.refusals import Refusals
 
 log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
@@ -139,6 +141,7 @@ class Front:
         metrics = self.gw.metrics
         # Labelled children looked up once: ``labels()`` takes a lock and builds a key per call.
         self._latency = {r: metrics.latency.labels(r) for r in (*self.known, "other")}
+        self.refusals = Refusals(metrics.refusals)  # the protocol's own answers (refusals.py), this process's
         self._count: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -156,7 +159,11 @@ class Front:
             if drain.draining and path != "/metrics":  # the last scrape still sees the drain's counts
                 err = APIError(503, "the server is shutting down; retry on another instance", None, "shutting_down",
                                headers={"Retry-After": str(drain.retry_after_s), "Connection": "close"})
-                await self._send(send, err.response_for(path), scope, t0)
+                response = err.response_for(path)
+                if path == "/health":  # its word beside ok / loading / unavailable (docs/api.md), and the TEI error
+                    body = {"status": "shutting_down", "error": err.message, "error_type": "Unhealthy"}
+                    response = Response(orjson.dumps(body), 503, err.headers, media_type="application/json")
+                await self._send(send, response, scope, t0)
                 return
             drain.inflight += 1
         try:

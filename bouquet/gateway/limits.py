@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from bouquet.config import ServeConfig
+from bouquet.gateway.refusals import Refusals, find_refusals
 
 log = logging.getLogger("bouquet")
 
@@ -64,6 +65,13 @@ class GatewayConfig(uvicorn.Config):
     def __init__(self, app: Any, http_limits: HttpLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.http_limits = http_limits
+        self.http_refusals: Refusals | None = None
+
+    def load(self) -> None:
+        """uvicorn's load, then the app's refusal counter and log (refusals.py) for the protocol:
+        in a ``--gateway-workers`` process the app is built here, by the factory."""
+        super().load()
+        self.http_refusals = find_refusals(self.loaded_app)
 
 
 def fit_connections(max_connections: int, reserve: int = FD_RESERVE) -> int:

@@ -48,6 +48,9 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter("bouquet_http_requests", "HTTP requests by route, method and status code",
                                 ["route", "method", "status"], registry=r)
+        self.refusals = Counter("bouquet_http_refusals", "Requests the HTTP front end refused before the app "
+                                "(protocol.py: 400, 408, 413, 414, 431, 501, 503, 505) by status and error code",
+                                ["status", "code"], registry=r)
         self.latency = Histogram("bouquet_http_request_duration_seconds", "HTTP request latency (s), whole request",
                                  ["route"], buckets=_LATENCY_BUCKETS, registry=r)
         self.tokenize_seconds = Histogram("bouquet_tokenization_duration_seconds", "Tokenization time per call (s)",

@@ -179,13 +179,14 @@ _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "U
 
 
 def route_docs(request: dict[str, Any] | None, response: dict[str, Any], tei: bool = False,
-               media_type: str = "application/json", error: dict[str, Any] | None = None) -> dict[str, Any]:
+               media_type: str = "application/json", error: dict[str, Any] | None = None,
+               errors: dict[int, str] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``add_api_route``: the request body schema (``openapi_extra``) and the
-    200 and error responses in the family's error shape (``error``, else TEI's or OpenAI's)."""
+    200 and error responses in the family's error shape (``error``, else TEI's or OpenAI's): every
+    status of a route with a body, else those of ``errors`` (status → description)."""
     err = error or (TEI_ERROR if tei else OPENAI_ERROR)
     responses: dict[int | str, Any] = {200: {"content": {media_type: {"schema": response}}, "description": "OK"}}
-    if request is not None:
-        for code, text in _STATUS_TEXT.items():
-            responses[code] = {"description": text, "content": {"application/json": {"schema": err}}}
+    for code, text in (_STATUS_TEXT if request is not None else errors or {}).items():
+        responses[code] = {"description": text, "content": {"application/json": {"schema": err}}}
     extra = {"requestBody": {"required": True, "content": {"application/json": {"schema": request}}}} if request else None
     return {"responses": responses, "openapi_extra": extra}

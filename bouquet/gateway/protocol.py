@@ -18,7 +18,8 @@ Request semantics (RFC 9112 / RFC 9110): the checks of request_head.py; an unkno
 a valid token in a well-formed request line → 501 (RFC 9110 §9.1); ``OPTIONS *`` → 200 with
 ``Allow`` (§9.3.7).
 
-Every refusal is a JSON error in the API's shape (OpenAI on ``/v1/*``, TEI elsewhere: errors.py),
+Every refusal is counted and logged with its request id (refusals.py), and answered as a JSON
+error in the API's shape (OpenAI on ``/v1/*``, TEI elsewhere: errors.py),
 written after every response owed to earlier requests on the connection; then the sending side
 is shut down and what the client still sends is read and dropped for up to ``linger_s`` (a close
 with unread data would reset the connection, and a reset can destroy the answer in the client's
@@ -53,6 +54,7 @@ from bouquet.config import ServeConfig
 from bouquet.gateway.errors import APIError
 from bouquet.gateway.http import BODY_LIMIT_FLAGS, TRUNCATED
 from bouquet.gateway.limits import HttpLimits
+from bouquet.gateway.refusals import Refusals
 from bouquet.gateway.request_head import Refusal, bad_request, check_head
 from bouquet.gateway.tracing import new_request_id, request_headers
 
@@ -115,6 +117,7 @@ class HttpProtocol(HttpToolsProtocol):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self.limits: HttpLimits = getattr(config, "http_limits", None) or HttpLimits.from_config(ServeConfig())
+        self.refusals: Refusals = getattr(config, "http_refusals", None) or Refusals()  # counted and logged
         self.parser.set_dangerous_leniencies(lenient_version=True)  # any HTTP/d.d: request_head.py decides
         self._in_message = False  # between on_message_begin and on_message_complete
         self._head_done = False  # the message being parsed has its cycle (headers complete)
@@ -368,8 +371,10 @@ class HttpProtocol(HttpToolsProtocol):
         """Answer ``refusal`` once the responses owed before it are sent, then close (lingering)."""
         log.debug("bouquet: refused %s (%s): %s", self.client, refusal.status, refusal.message)
         # The client's X-Request-Id once its head was parsed; before that, none is trusted.
-        rid = request_headers(self.headers)[0] if self._head_parsed else None
-        self._error = error_bytes(refusal.status, refusal.message, refusal.code, self._path(), refusal.headers, rid)
+        rid = request_headers(self.headers)[0] if self._head_parsed else new_request_id()
+        path = self._path()
+        self.refusals.record(refusal.status, refusal.code, path, rid)
+        self._error = error_bytes(refusal.status, refusal.message, refusal.code, path, refusal.headers, rid)
         if self._in_message and self._head_done:
             # The bad message already has a cycle (the error is in its body): it never reaches the app.
             bad = self.cycle

@@ -178,7 +178,8 @@ async def _logits(gw: Gateway, items: list[Item], names: list[tuple[str, str]], 
 async def compat_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI's ``POST /`` and SageMaker's ``POST /invocations``: ``query`` + ``texts`` → ``/rerank``;
     ``inputs`` → the model's own route (module docstring). Raises APIError 400 for a body with
-    both or neither (naming what is accepted), else what the route chosen raises."""
+    both or neither (naming what is accepted), 424 for an ``inputs`` object (similarity) sent to a
+    scoring model, else what the route chosen raises."""
     rerank, inputs = "query" in body or "texts" in body, "inputs" in body
     own = ("/predict" if gw.spec.task == "score" else "/embed_sparse" if gw.spec.sparse else "/embed")
     accepted = f"'query' and 'texts' (TEI /rerank) or 'inputs' (this model's {own})"
@@ -188,6 +189,10 @@ async def compat_route(gw: Gateway, body: dict[str, Any]) -> Response:
         return await routes_tei.rerank_route(gw, body)
     if not inputs:
         raise bad_request(f"this route takes {accepted}", "inputs", "missing_required_parameter")
+    if isinstance(body["inputs"], dict) and gw.spec.task == "score":  # as /similarity's own wrong_task (424)
+        raise APIError(424, f"model '{gw.public_id}' is a scoring model; similarity ('inputs' as {{\"source_sentence\", "
+                            "\"sentences\"}) needs an embedding model: name one in 'model', or use POST /similarity",
+                       "inputs", "wrong_task")
     if gw.spec.task == "score":
         return await predict_route(gw, body)
     if isinstance(body["inputs"], dict):  # {"source_sentence", "sentences"}: huggingface_hub's sentence_similarity

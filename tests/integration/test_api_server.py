@@ -74,9 +74,12 @@ def test_api_key(custom_server):
             r = post(custom_server, path, {"input": "x", "inputs": "x"}, headers)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
             assert ("message" in r.json()["error"]) if shape == "openai" else (r.json()["error_type"] == "Unauthorized")
-    for path in ("/metrics", "/info", "/v1/models", "/openapi.json"):
+    spec = httpx.get(custom_server.url + "/openapi.json", headers=AUTH).json()
+    for path in ("/metrics", "/info", "/v1/models", "/v1/models/custom", "/openapi.json"):
         assert httpx.get(custom_server.url + path).status_code == 401
         assert httpx.get(custom_server.url + path, headers=AUTH).status_code == 200
+        if path != "/openapi.json":  # FastAPI's own
+            assert "401" in spec["paths"][path.replace("/custom", "/{model}")]["get"]["responses"], path
     # The scheme name is case-insensitive and surrounding whitespace does not matter (RFC 9110 §11.1).
     for value in (f"bearer {KEY}", f"BEARER {KEY}", f"Bearer   {KEY}", f"Bearer\t{KEY}"):
         assert post(custom_server, "/v1/embeddings", {"input": "x"}, {"Authorization": value}).status_code == 200, value
@@ -318,7 +321,10 @@ def test_head_health_and_retrieve_model(minilm_server):
     assert got.status_code == 200 and got.json() == listed
     r = httpx.get(minilm_server.url + "/v1/models/gpt-4")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert "/v1/models/{model}" in httpx.get(minilm_server.url + "/openapi.json").json()["paths"]
+    paths = httpx.get(minilm_server.url + "/openapi.json").json()["paths"]
+    assert set(paths["/v1/models/{model}"]["get"]["responses"]) == {"200", "401", "404"}  # the ones it answers
+    health = paths["/health"]["get"]["responses"]
+    assert set(health) == {"200", "503"} and health["503"]["content"] == health["200"]["content"]  # the same object
 
 
 def test_metrics_sum_every_gateway_worker(tmp_path):

@@ -67,7 +67,9 @@ def test_sigterm_drains_then_exits():
         assert "shutting down" in err["message"]
         r = httpx.post(srv.url + "/v1/embeddings", json={"input": "new"}, timeout=10)
         assert int(r.headers["retry-after"]) >= 1
-        assert httpx.get(srv.url + "/health", timeout=10).status_code == 503
+        health = httpx.get(srv.url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json()["status"] == "shutting_down", health.text
+        assert health.json()["error_type"] == "Unhealthy" and int(health.headers["retry-after"]) >= 1
         tei_error(httpx.post(srv.url + "/embed", json={"inputs": "x"}, timeout=10), 503)
         # the request that was in flight finishes normally
         inflight.join(60)

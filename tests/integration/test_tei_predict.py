@@ -230,7 +230,12 @@ def test_compat_routes_dispatch_on_the_body(server, minilm_server):
             assert "'query' and 'texts'" in err["error"] and "'inputs'" in err["error"] and "/predict" in err["error"]
         assert "/embed" in tei_error(post(minilm_server, path, {}), 400)["error"]
         assert post(server, path, {"inputs": TEXT}).status_code == 200
+        # similarity on scoring models: the error says what it needs and where to go, not the /predict shapes
+        err = tei_error(post(server, path, {"inputs": {"source_sentence": "a", "sentences": ["b"]}}), 424)
+        assert "needs an embedding model" in err["error"] and "'model'" in err["error"], err
+        assert "/similarity" in err["error"] and "must be" not in err["error"], err
     spec = httpx.get(server.url + "/openapi.json").json()["paths"]
+    assert all(r in spec["/"]["post"]["summary"] for r in ("/embed", "/predict", "/similarity", "/embed_sparse", "/rerank"))
     for path in ("/predict", "/", "/invocations"):
         op = spec[path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["inputs"], path
