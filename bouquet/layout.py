@@ -29,7 +29,7 @@ from pathlib import Path
 SMALL_MODEL_PARAMS = 200_000_000  # at most this many parameters: two replicas per GPU when cores allow
 CORES_PER_GPU_REPLICA = 2  # host cores one GPU replica keeps busy (event loop + spinning wait thread)
 CORES_PER_CPU_WORKER = 8  # CPU device: one gateway worker per this many cores
-MAX_TOKENIZER_THREADS = 4  # per gateway worker: the most shards one request's text is cut into
+MAX_TOKENIZER_THREADS = 8  # per gateway worker: the most shards one request's text is cut into (decisions 2026-12-05)
 GATEWAY_WORKER_BYTES = 512 * 2**20  # memory budgeted per gateway worker (app, tokenizer, buffers)
 MAX_GATEWAY_WORKERS = 32
 

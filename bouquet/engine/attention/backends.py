@@ -75,6 +75,9 @@ class AttnMeta:
 
 class AttentionBackend:
     name = "base"
+    # prepare() reads lengths on the host and builds index tensors there (sdpa_grouped): such a
+    # backend cannot be captured into a CUDA graph (no device-to-host copy during capture)
+    graph_safe = True
 
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False,
                 whole_rows: bool = True) -> AttnMeta:
@@ -188,6 +191,7 @@ class VarlenBackend(AttentionBackend):
 
 class SdpaGroupedBackend(AttentionBackend):
     name = "sdpa_grouped"
+    graph_safe = False
 
     def prepare(self, cu_seqlens: torch.Tensor, max_seqlen: int, causal: bool, uniform: bool = False,
                 whole_rows: bool = True) -> AttnMeta:

@@ -179,7 +179,11 @@ class Engine:
         self._events = [torch.cuda.Event(blocking=not spin_wait) for _ in range(RESULT_EVENTS)] \
             if self.device.type == "cuda" else []
         self._next_event = 0
-        if self.device.type == "cuda" and self.graph_options.enabled:
+        if self.device.type == "cuda" and self.graph_options.enabled and not self.attn.graph_safe:
+            # fp32 on CUDA: length-grouped SDPA sizes its groups on the host, which graph capture
+            # forbids (it failed every capture and left the caching allocator broken): eager steps
+            log.info("engine: CUDA graphs off: %s attention (%s) cannot be captured", self.attn.name, self.dtype)
+        elif self.device.type == "cuda" and self.graph_options.enabled:
             o = self.graph_options
             self.graphs = GraphManager(self._forward_packed, self.device, o.max_tokens, o.max_seqs,
                                        self.use_types, debug=o.debug,
