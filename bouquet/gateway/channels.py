@@ -59,7 +59,8 @@ class Packed:
 
 
 _HTTP_OF_GRPC = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.FAILED_PRECONDITION: 422,
-                 grpc.StatusCode.DEADLINE_EXCEEDED: 504}
+                 grpc.StatusCode.DEADLINE_EXCEEDED: 504, grpc.StatusCode.INTERNAL: 500}
+_HTTP_OF_IPC = {ipc.Status.INVALID_ARGUMENT: 400, ipc.Status.FAILED_PRECONDITION: 422, ipc.Status.INTERNAL: 500}
 # UNAUTHENTICATED: this replica wants another API key; the others may take the call
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
               grpc.StatusCode.UNAUTHENTICATED}
@@ -216,7 +217,7 @@ class IpcChannel(asyncio.Protocol):
         elif rep.status == ipc.Status.RESOURCE_EXHAUSTED:
             fut.set_exception(ReplicaQueueFull(rep.message))
         else:
-            fut.set_exception(APIError(400 if rep.status == ipc.Status.INVALID_ARGUMENT else 422, rep.message))
+            fut.set_exception(APIError(_HTTP_OF_IPC.get(rep.status, 500), rep.message))
 
     def _expire(self, cid: int, timeout_s: float) -> None:
         entry = self._pending.pop(cid, None)

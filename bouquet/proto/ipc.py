@@ -36,6 +36,7 @@ class Status(IntEnum):
     FAILED_PRECONDITION = 2  # the model could not produce a finite result for it (HTTP 422)
     UNAVAILABLE = 3  # loading or draining: try another replica
     RESOURCE_EXHAUSTED = 4  # queue full: try another replica, else HTTP 429
+    INTERNAL = 5  # the engine failed on the step that held the call (HTTP 500)
 
 
 class EmbedCall(msgspec.Struct, tag="embed", array_like=True, frozen=True):

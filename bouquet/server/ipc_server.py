@@ -90,11 +90,12 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self, call: ipc.EmbedCall, dims: int | None, req: Request, t0: float) -> None:
         self.live.pop(call.id, None)
+        status = ipc.Status.INTERNAL if req.engine_failed else ipc.Status.FAILED_PRECONDITION
         if call.traceparent:
-            log_traced(call.traceparent, call.request_id, call.num_seqs, f"FAILED_PRECONDITION: {req.error}"
+            log_traced(call.traceparent, call.request_id, call.num_seqs, f"{status.name}: {req.error}"
                        if req.error is not None else f"ok, {req.num_tokens} tokens", t0)
         if req.error is not None:
-            self._send(ipc.frame(ipc.EmbedReply(call.id, ipc.Status.FAILED_PRECONDITION, req.error)))
+            self._send(ipc.frame(ipc.EmbedReply(call.id, status, req.error)))
             return
         out: np.ndarray = self.service.output(req, call.normalize, dims)
         self._send(ipc.frame(ipc.EmbedReply(call.id, ipc.Status.OK, "", out.shape[0], out.shape[1], req.num_tokens),

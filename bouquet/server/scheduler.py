@@ -53,6 +53,7 @@ class Request:
     remaining: int = 0
     cancelled: bool = False
     error: str | None = None
+    engine_failed: bool = False  # the error is the engine's (an exception in a step), not the input's
     per_token: bool = False  # rows[i] is [len_i, D'] (token outputs) instead of one [D] row
     pool_skip: int = 0  # leading tokens of every sequence left out of pooling (its prompt)
     cum: list[int] = field(default_factory=lambda: [0])  # [n+1] cumulative tokens, once queued
@@ -165,6 +166,7 @@ class Scheduler:
                 continue  # already failed or finished
             if error is not None or rows is None:
                 req.error = error or "engine failure"
+                req.engine_failed = True
                 req.remaining = 0
             else:
                 row = rows[cu[b]:cu[b + 1]] if sb.per_token else rows[b]

@@ -186,7 +186,8 @@ class InferenceService:
             log.info("request %s cancelled by its client", request.request_id)
             raise
         if req.error is not None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, req.error)
+            await context.abort(grpc.StatusCode.INTERNAL if req.engine_failed else grpc.StatusCode.FAILED_PRECONDITION,
+                                req.error)
         out = self.output(req, request.normalize if request.HasField("normalize") else None, dims)
         return pb.EmbedReply(output=pb.Tensor(data=out.tobytes(), dtype="float32", shape=list(out.shape)),
                              num_tokens=req.num_tokens)

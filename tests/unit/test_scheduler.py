@@ -87,6 +87,19 @@ def test_nonfinite_row_fails_only_its_request():
     done = s.complete(sb, rows)
     assert set(done) == {bad, good}
     assert bad.error and "non-finite" in bad.error and good.error is None
+    assert not bad.engine_failed  # the input's fault: 422 (FAILED_PRECONDITION), not 500
+
+
+def test_engine_failure_fails_the_batch_as_the_engines_fault():
+    """An exception in a step fails every request of the batch with engine_failed set: the replica
+    answers INTERNAL (HTTP 500), not FAILED_PRECONDITION (422, meant for non-finite rows)."""
+    s = Scheduler(max_batch_tokens=100)
+    a, b = Request([seq(2)]), Request([seq(3)])
+    s.add(a)
+    s.add(b)
+    sb = s.next_batch()
+    assert set(s.complete(sb, None, error="engine failure: RuntimeError: boom")) == {a, b}
+    assert a.engine_failed and b.engine_failed and a.error == b.error == "engine failure: RuntimeError: boom"
 
 
 def test_queue_limit_and_validation():
