@@ -3,9 +3,8 @@ for a ``tokenizer.json`` whose ids it provably reproduces; every other file stay
 
 What ``tokenizers`` runs on one text, and what this module runs instead:
 
-1. added tokens are cut out of the raw text (leftmost-longest, Aho-Corasick): the same cut with
-   one regular expression of their escaped contents, longest first (``re`` takes the first
-   alternative that matches at the leftmost position);
+1. added tokens are cut out of the raw text (leftmost-longest, Aho-Corasick): the same cut in
+   Python (bouquet/fast_ids.py, ``AddedSplit``);
 2. each piece between them is normalized (NFC or nothing): by the file's own normalizer object,
    so the Unicode version is the library's;
 3. the pre-tokenizer's regular expression splits the piece (``Split``, behavior ``Isolated``, then
@@ -34,11 +33,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from tokenizers import Tokenizer
+
+from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of
 
 log = logging.getLogger(__name__)
 # GPT-2's expression, as ``tokenizers``' ByteLevel pre-tokenizer runs it with ``use_regex``
@@ -51,10 +50,6 @@ KNOWN_PATTERNS = frozenset({
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     GPT2_PATTERN,
 })
-
-
-class Ineligible(ValueError):
-    """The tokenizer.json uses something this module does not reproduce exactly (the message says what)."""
 
 
 def fast_bpe(tokenizer: Tokenizer, name: str) -> FastBPE | None:
@@ -84,28 +79,7 @@ def byte_chars() -> dict[str, int]:
     return out
 
 
-@dataclass(frozen=True)
-class Template:
-    """A single-sequence post-processor as fixed ids around the text's: ``prefix + ids + suffix``
-    (None and ByteLevel: nothing around; TemplateProcessing: its ``single`` special tokens)."""
-
-    prefix: tuple[int, ...] = ()
-    suffix: tuple[int, ...] = ()
-
-    @property
-    def added(self) -> int:
-        return len(self.prefix) + len(self.suffix)
-
-    def wrap(self, ids: list[int], keep: int | None = None, side: str = "right") -> list[int]:
-        """``ids`` cut to their first (``side`` "right") or last ("left") ``keep`` when longer (None:
-        never), then the template's tokens around them: ``Tokenizer.post_process`` with truncation
-        to ``keep + added`` tokens (``keep`` >= 1; ``tokenizers`` keeps room for the added tokens)."""
-        if keep is not None and len(ids) > keep:
-            ids = ids[:keep] if side == "right" else ids[len(ids) - keep:]
-        return [*self.prefix, *ids, *self.suffix] if self.prefix or self.suffix else ids
-
-
-class FastBPE:
+class FastBPE(AddedSplit):
     """The ``tiktoken.Encoding`` equivalent to one byte-level BPE ``tokenizer.json``, built once.
 
     Thread-safe (immutable; tiktoken releases the GIL while it encodes). ``ids`` equals
@@ -114,12 +88,10 @@ class FastBPE:
 
     def __init__(self, encoding: Any, added: dict[str, int], normalize: Callable[[str], str] | None,
                  template: Template) -> None:
+        super().__init__(added)
         self._encode = encoding.encode_ordinary
         self._normalize = normalize
         self.template = template
-        self._added = added
-        # longest first: at one position, the longest token that starts there wins (leftmost-longest)
-        self._split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) if added else None
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> FastBPE:
@@ -133,29 +105,16 @@ class FastBPE:
         try:
             normalize = _normalizer(j.get("normalizer"))
             pattern = _pattern(j.get("pre_tokenizer"))
-            template = _template(j.get("post_processor"))
-            added = _added(j.get("added_tokens") or [])
+            template = template_of(j.get("post_processor"))
+            added = added_of(j.get("added_tokens") or [])
             ranks = _ranks(tokenizer, j.get("model") or {})
         except (KeyError, TypeError, AttributeError) as e:  # a shape this module does not know
             raise Ineligible(f"unexpected tokenizer.json shape ({type(e).__name__}: {e})") from None
         encoding = tiktoken.Encoding("bouquet-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
         return cls(encoding, added, normalize, template)
 
-    def ids(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens (no character offsets), untruncated."""
-        if self._split is None or not (found := self._split.search(text)):
-            return self._encode(self._normal(text))
-        out: list[int] = []
-        start = 0
-        while found is not None:
-            if found.start() > start:
-                out += self._encode(self._normal(text[start:found.start()]))
-            out.append(self._added[found.group()])
-            start = found.end()
-            found = self._split.search(text, start)
-        if start < len(text):
-            out += self._encode(self._normal(text[start:]))
-        return out
+    def pieces(self, text: str) -> list[int]:
+        return self._encode(self._normal(text))
 
     def _normal(self, text: str) -> str:
         # ASCII is NFC already; the library's own NFC otherwise (Unicode tables of one version)
@@ -195,46 +154,6 @@ def _pattern(p: dict[str, Any] | None) -> str:
     if regex not in KNOWN_PATTERNS:
         raise Ineligible(f"split expression {regex!r} is not one of those tested")
     return regex
-
-
-def _template(p: dict[str, Any] | None) -> Template:
-    if p is None:
-        return Template()
-    kind = p.get("type")
-    if kind == "Sequence":
-        parts = [_template(q) for q in p.get("processors") or []]
-        if sum(1 for t in parts if t.added) > 1:
-            raise Ineligible("post-processor: more than one template")
-        return next((t for t in parts if t.added), Template())
-    if kind == "ByteLevel":  # offsets only
-        return Template()
-    if kind != "TemplateProcessing":
-        raise Ineligible(f"post-processor {kind}")
-    specials = p.get("special_tokens") or {}
-    before: list[int] = []
-    after: list[int] = []
-    seen = False
-    for piece in p.get("single") or []:
-        if "Sequence" in piece:
-            if seen or piece["Sequence"].get("id") != "A":
-                raise Ineligible(f"post-processor single template {p.get('single')}")
-            seen = True
-        else:
-            name = piece["SpecialToken"]["id"]
-            (after if seen else before).extend(int(i) for i in specials[name]["ids"])
-    if not seen:
-        raise Ineligible(f"post-processor single template {p.get('single')}")
-    return Template(tuple(before), tuple(after))
-
-
-def _added(tokens: list[dict[str, Any]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for t in tokens:
-        flags = {k for k in ("single_word", "lstrip", "rstrip", "normalized") if t.get(k)}
-        if flags or not t.get("content"):
-            raise Ineligible(f"added token {t.get('content')!r} with {sorted(flags) or 'no content'}")
-        out[t["content"]] = int(t["id"])
-    return out
 
 
 def _ranks(tokenizer: Tokenizer, m: dict[str, Any]) -> dict[bytes, int]:

@@ -1,7 +1,8 @@
 """Tokenization in the gateway, with Hugging Face ``tokenizers`` (Rust; ``encode_batch`` releases
 the GIL and runs in parallel). The raw ``Tokenizer`` object is used, never a ``transformers``
 wrapper (shared wrappers fail across threads with "Already borrowed"). Ids without offsets of a
-byte-level BPE file that tiktoken reproduces exactly (Qwen's) come from tiktoken (bouquet/bpe_fast.py).
+byte-level BPE file that tiktoken reproduces exactly (Qwen's) come from tiktoken (bouquet/bpe_fast.py),
+of a BERT WordPiece file from tokie, for texts it is tested to read alike (bouquet/wordpiece_fast.py).
 
 Truncation is decided per request. With truncation on, a text much longer than the model's limit
 is tokenized only at the end that is kept (``_bounded``), so a huge input costs what its kept
@@ -19,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
+from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 from bouquet.modelspec import ModelError, ModelSpec
 
 Side = Literal["left", "right"]
@@ -158,14 +160,15 @@ class TextTokenizer:
         appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
         self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
-        self._fast: FastBPE | None = fast_bpe(base, str(spec.tokenizer_path))
+        self._fast: FastBPE | FastWordPiece | None = (fast_bpe(base, str(spec.tokenizer_path))
+                                                       or fast_wordpiece(base, str(spec.tokenizer_path)))
         # Truncation is a setting of the Rust tokenizer, so each (side, single/pair) has its own copy.
         # A copy of a large tokenizer.json costs ~1 s (XLM-R's 17 MB), so only what the model's
-        # task uses by default is built here (none for single texts on the tiktoken path); a
-        # left-side or other-task copy on first use.
+        # task uses by default is built here (none on a fast path); a left-side or other-task copy
+        # on first use.
         self._trunc: dict[str, Tokenizer] = {}
         self._trunc_lock = threading.Lock()
-        if spec.task == "score" or self._fast is None:
+        if self._fast is None or (spec.task == "score" and self._fast.template.pair is None):
             self._truncating("right_pair" if spec.task == "score" else "right")
         self.vocab_size = spec.vocab_size
         self._windowers: dict[int, Tokenizer] = {}  # by overlap; built on first long input
@@ -251,7 +254,7 @@ class TextTokenizer:
         """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
         fast, long_idx = self._fast, self._windowed(texts) if truncate else []
         keep = self.max_len - fast.template.added if fast is not None and truncate else None
-        if fast is not None and (keep is None or keep > 0):  # tiktoken's ids, cut and wrapped as the post-processor does
+        if fast is not None and (keep is None or keep > 0):  # the fast path's ids, cut and wrapped as the post-processor does
             wrap = lambda xs: [fast.template.wrap(x, keep, side) for x in xs]  # noqa: E731
             seqs = _spliced(texts, long_idx, lambda xs: wrap(self._bounded(xs, side)[1]), lambda xs: wrap(map(fast.ids, xs)))
         elif truncate:  # the truncating copy in one pass; long texts through a window at their kept end,
@@ -275,22 +278,33 @@ class TextTokenizer:
         Each side is tokenized once (a query shared by many pairs once in all) and the pair is put
         together by the tokenizer's own ``post_process`` (truncation, then the pair template),
         which is what ``Tokenizer.encode((query, document))`` runs after tokenizing the two
-        sequences apart: same ids and token types, without tokenizing an over-long pair twice."""
-        join = self._truncating(side + "_pair") if truncate else self._plain
+        sequences apart: same ids and token types, without tokenizing an over-long pair twice. On a
+        fast path (tokie's WordPiece) its ``Template.wrap_pair`` does the same (tested equal)."""
         unique = list(dict.fromkeys(q for q, _ in pairs))
-        q_encs = dict(zip(unique, self._plain.encode_batch_fast(unique, add_special_tokens=False)))
         docs = [d for _, d in pairs]
         long_docs = self._windowed(docs) if truncate else []
+        fast = self._fast
+        if fast is not None and fast.template.pair is not None:  # ids from the fast path, put together as post_process does
+            q_ids = {q: fast.ids(q) for q in unique}
+            d_ids = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side)[1], lambda xs: [fast.ids(x) for x in xs])
+            limit = self.max_len if truncate else None
+            built = [fast.template.wrap_pair(q_ids[q], d, limit, side) for (q, _), d in zip(pairs, d_ids)]
+            return self._pairs_out([b[0] for b in built], [b[1] for b in built], truncate)
+        join = self._truncating(side + "_pair") if truncate else self._plain
+        q_encs = dict(zip(unique, self._plain.encode_batch_fast(unique, add_special_tokens=False)))
         d_encs = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side, True)[1],
                           lambda xs: self._plain.encode_batch_fast(xs, add_special_tokens=False))
         encs = [join.post_process(q_encs[q], d) for (q, _), d in zip(pairs, d_encs)]
+        return self._pairs_out([e.ids for e in encs], [e.type_ids for e in encs], truncate)
+
+    def _pairs_out(self, seqs: list[list[int]], types: list[list[int]], truncate: bool) -> Encoded:
         if not truncate:
-            for i, e in enumerate(encs):
-                if len(e.ids) > self.max_len:
-                    raise TooLong(i, len(e.ids), self.spec.max_seq_length)
-        ids = [self._finish(e.ids) for e in encs]
-        tts = [np.fromiter(e.type_ids, dtype=np.int32, count=len(x)) if len(x) == len(e.type_ids)
-               else np.pad(np.asarray(e.type_ids, dtype=np.int32), (0, len(x) - len(e.type_ids))) for e, x in zip(encs, ids)]
+            for i, x in enumerate(seqs):
+                if len(x) > self.max_len:
+                    raise TooLong(i, len(x), self.spec.max_seq_length)
+        ids = [self._finish(x) for x in seqs]
+        tts = [np.fromiter(t, dtype=np.int32, count=len(x)) if len(x) == len(t)
+               else np.pad(np.asarray(t, dtype=np.int32), (0, len(x) - len(t))) for t, x in zip(types, ids)]
         return Encoded(ids, tts, int(sum(len(x) for x in ids)))
 
     def check_ids(self, seqs: list[list[int]], truncate: bool = True, side: Side = "right") -> Encoded:
@@ -341,14 +355,14 @@ class TextTokenizer:
     # ---- helpers for the TEI /tokenize route, templated rerankers and long inputs -----------
     def plain_ids(self, texts: list[str]) -> list[list[int]]:
         """Texts → token ids without special tokens, never truncated (no character offsets: cheaper
-        than ``encodings``; tiktoken's where it reproduces the file)."""
+        than ``encodings``; a fast path's where there is one)."""
         if self._fast is not None:
             return [self._fast.ids(t) for t in texts]
         return [e.ids for e in self._plain.encode_batch_fast(texts, add_special_tokens=False)]
 
     @property
     def spreads_batches(self) -> bool:
-        """Whether one call spreads a batch over the cores (``tokenizers``); tiktoken's stays on its thread."""
+        """Whether one call spreads a batch over the cores (``tokenizers``); a fast path's stays on its thread."""
         return self._fast is None
 
     def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Any]:

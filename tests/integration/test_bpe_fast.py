@@ -249,13 +249,12 @@ def test_without_tiktoken_tokenizers_does_it(hf: Tokenizer, monkeypatch: pytest.
     assert fast_bpe(hf, "qwen3") is None
 
 
-def test_wordpiece_stays_on_tokenizers() -> None:
-    spec = load_spec(None)  # all-MiniLM-L6-v2: WordPiece
+def test_wordpiece_is_not_bpe() -> None:
+    spec = load_spec(None)  # all-MiniLM-L6-v2: WordPiece (bouquet/wordpiece_fast.py's)
     tok = Tokenizer.from_file(str(spec.tokenizer_path))
     with pytest.raises(Ineligible, match="WordPiece|normalizer"):
         FastBPE.of(tok)
     assert fast_bpe(tok, "minilm") is None
-    assert TextTokenizer(spec).spreads_batches
 
 
 # ---- through the server -------------------------------------------------------------------------------

@@ -1,0 +1,159 @@
+"""What the faster tokenizer paths share (bouquet/bpe_fast.py: tiktoken for byte-level BPE,
+bouquet/wordpiece_fast.py: tokie for BERT's WordPiece): the post-processor as fixed ids around the
+text's (``Template``), the added tokens cut out of the raw text first, as ``tokenizers`` does, and
+the refusal (``Ineligible``) of a ``tokenizer.json`` part they do not reproduce exactly.
+
+``tokenizers`` stays the reference: each path is used only for files whose ids it is tested to
+reproduce (tests/integration/test_bpe_fast.py, tests/integration/test_wordpiece_fast.py), and
+character offsets always come from ``tokenizers``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+class Ineligible(ValueError):
+    """The tokenizer.json uses something a fast path does not reproduce exactly (the message says what)."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """A post-processor as fixed ids around the text's. Single sequence: ``prefix + ids + suffix``
+    (None and ByteLevel: nothing around; TemplateProcessing: its ``single`` special tokens).
+    ``pair``: the ``pair`` template's pieces in order, each (``"A"``, ``"B"`` or ``""`` for special
+    tokens, the special tokens' ids, its type id); None when the file has no pair template."""
+
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+    pair: tuple[tuple[str, tuple[int, ...], int], ...] | None = None
+
+    @property
+    def added(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+    @property
+    def pair_added(self) -> int:
+        return sum(len(ids) for _, ids, _ in self.pair or ())
+
+    def wrap(self, ids: list[int], keep: int | None = None, side: str = "right") -> list[int]:
+        """``ids`` cut to their first (``side`` "right") or last ("left") ``keep`` when longer (None:
+        never), then the template's tokens around them: ``Tokenizer.post_process`` with truncation
+        to ``keep + added`` tokens (``keep`` >= 1; ``tokenizers`` keeps room for the added tokens)."""
+        if keep is not None and len(ids) > keep:
+            ids = ids[:keep] if side == "right" else ids[len(ids) - keep:]
+        return [*self.prefix, *ids, *self.suffix] if self.prefix or self.suffix else ids
+
+    def wrap_pair(self, a: list[int], b: list[int], limit: int | None = None,
+                  side: str = "right") -> tuple[list[int], list[int]]:
+        """(ids, type ids) of the pair (a, b) as ``Tokenizer.post_process(a, b)`` gives them with
+        truncation ``only_second`` to ``limit`` tokens in all (None: never): b loses its last
+        (``side`` "right") or first ("left") tokens. Raises ValueError when a alone leaves b no
+        token (``tokenizers``' "sequence too short" error)."""
+        assert self.pair is not None
+        if limit is not None:
+            excess = len(a) + len(b) + self.pair_added - limit
+            if excess > 0:
+                if len(b) <= excess:
+                    raise ValueError(f"the first sequence ({len(a)} tokens) leaves no room for the second in {limit}")
+                b = b[: len(b) - excess] if side == "right" else b[excess:]
+        ids: list[int] = []
+        types: list[int] = []
+        for part, specials, type_id in self.pair:
+            seq = a if part == "A" else b if part == "B" else specials
+            ids += seq
+            types += [type_id] * len(seq)
+        return ids, types
+
+
+def template_of(p: dict[str, Any] | None, want_pair: bool = False) -> Template:
+    """The Template of a tokenizer.json ``post_processor``; ``want_pair``: its pair template too.
+    Raises Ineligible for any other post-processor (or, with ``want_pair``, one without a pair)."""
+    if p is None:
+        return Template()
+    kind = p.get("type")
+    if kind == "Sequence":
+        parts = [template_of(q, want_pair) for q in p.get("processors") or []]
+        if sum(1 for t in parts if t.added or t.pair_added) > 1:
+            raise Ineligible("post-processor: more than one template")
+        return next((t for t in parts if t.added or t.pair_added), Template())
+    if kind == "ByteLevel":  # offsets only
+        return Template()
+    if kind == "BertProcessing":  # [CLS] A [SEP] / [CLS] A [SEP] B:1 [SEP]:1
+        cls, sep = (int(p["cls"][1]),), (int(p["sep"][1]),)
+        return Template(cls, sep, (("", cls, 0), ("A", (), 0), ("", sep, 0), ("B", (), 1), ("", sep, 1)))
+    if kind != "TemplateProcessing":
+        raise Ineligible(f"post-processor {kind}")
+    specials = p.get("special_tokens") or {}
+    single = _pieces(p.get("single") or [], specials, "A")
+    seen = [part for part, _, _ in single if part]
+    if seen != ["A"]:
+        raise Ineligible(f"post-processor single template {p.get('single')}")
+    at = next(i for i, (part, _, _) in enumerate(single) if part)
+    prefix = tuple(i for _, ids, _ in single[:at] for i in ids)
+    suffix = tuple(i for _, ids, _ in single[at + 1:] for i in ids)
+    pair = None
+    if want_pair:
+        pair = _pieces(p.get("pair") or [], specials, "AB")
+        if [part for part, _, _ in pair if part] != ["A", "B"]:
+            raise Ineligible(f"post-processor pair template {p.get('pair')}")
+    return Template(prefix, suffix, pair)
+
+
+def _pieces(template: list[dict[str, Any]], specials: dict[str, Any], names: str) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    out = []
+    for piece in template:
+        if "Sequence" in piece:
+            name = piece["Sequence"].get("id")
+            if name not in names:
+                raise Ineligible(f"post-processor template piece {piece}")
+            out.append((name, (), int(piece["Sequence"].get("type_id", 0))))
+        else:
+            tok = piece["SpecialToken"]
+            out.append(("", tuple(int(i) for i in specials[tok["id"]]["ids"]), int(tok.get("type_id", 0))))
+    return tuple(out)
+
+
+def added_of(tokens: list[dict[str, Any]]) -> dict[str, int]:
+    """tokenizer.json ``added_tokens`` → content: id. Raises Ineligible for a token matched other
+    than as its exact raw text (single_word, lstrip, rstrip, normalized) or without content."""
+    out: dict[str, int] = {}
+    for t in tokens:
+        flags = {k for k in ("single_word", "lstrip", "rstrip", "normalized") if t.get(k)}
+        if flags or not t.get("content"):
+            raise Ineligible(f"added token {t.get('content')!r} with {sorted(flags) or 'no content'}")
+        out[t["content"]] = int(t["id"])
+    return out
+
+
+class AddedSplit:
+    """Cuts the added tokens out of a raw text as ``tokenizers`` does before it normalizes
+    (leftmost-longest: one regular expression of their escaped contents, longest first, since
+    ``re`` takes the first alternative that matches at the leftmost position); ``pieces`` is the
+    subclass's encoder of the text between them."""
+
+    def __init__(self, added: dict[str, int]) -> None:
+        self._added = added
+        self._split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) if added else None
+
+    def pieces(self, text: str) -> list[int]:
+        """Token ids of a text without added tokens."""
+        raise NotImplementedError
+
+    def ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens (no character offsets), untruncated: added
+        tokens whole, ``pieces`` between them."""
+        if self._split is None or not (found := self._split.search(text)):
+            return self.pieces(text)
+        out: list[int] = []
+        start = 0
+        while found is not None:
+            if found.start() > start:
+                out += self.pieces(text[start:found.start()])
+            out.append(self._added[found.group()])
+            start = found.end()
+            found = self._split.search(text, start)
+        if start < len(text):
+            out += self.pieces(text[start:])
+        return out
