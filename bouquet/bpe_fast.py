@@ -60,7 +60,7 @@ def fast_bpe(tokenizer: Tokenizer, name: str) -> FastBPE | None:
     try:
         fast = FastBPE.of(tokenizer)
     except (Ineligible, ImportError) as e:
-        log.info("tokenizer: tokenizers %s for %s (no tiktoken path: %s)", tokenizers.__version__, name, e)
+        log.debug("tokenizer: no tiktoken path for %s: %s", name, e)
         return None
     import tiktoken
 

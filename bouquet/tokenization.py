@@ -11,19 +11,22 @@ tokens cost; with truncation off, texts are tokenized whole, so the true token c
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import tokenizers
 from tokenizers import Tokenizer
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
-from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 from bouquet.modelspec import ModelError, ModelSpec
+from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
 Side = Literal["left", "right"]
+log = logging.getLogger(__name__)
 
 
 def resolve_prompt(spec: ModelSpec, prompt: str | None = None, name: str | None = None) -> str:
@@ -162,6 +165,8 @@ class TextTokenizer:
         self._plain = base
         self._fast: FastBPE | FastWordPiece | None = (fast_bpe(base, str(spec.tokenizer_path))
                                                        or fast_wordpiece(base, str(spec.tokenizer_path)))
+        if self._fast is None:
+            log.info("tokenizer: tokenizers %s for %s", tokenizers.__version__, spec.tokenizer_path)
         # Truncation is a setting of the Rust tokenizer, so each (side, single/pair) has its own copy.
         # A copy of a large tokenizer.json costs ~1 s (XLM-R's 17 MB), so only what the model's
         # task uses by default is built here (none on a fast path); a left-side or other-task copy
