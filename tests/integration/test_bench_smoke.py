@@ -150,7 +150,7 @@ def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -
             time.sleep(0.2)
         assert servers and proc.poll() is None, "the bench did not start its server"
         family = [servers[0], *servers[0].children(recursive=True)]
-        time.sleep(3.0)  # inside benchmark 3: its client threads are sending
+        time.sleep(1.5)  # inside benchmark 3: its client threads are sending
         signum = getattr(signal, sig)
         os.kill(proc.pid, signum)
         assert proc.wait(60) in (128 + signum, -signum)

@@ -120,12 +120,14 @@ def test_minilm_fp8_on_stsb_meets_the_bars_with_the_default_matmuls_only() -> No
     rho_ref = spearmanr(cosine_rows(a1, a2), gold)[0]
     assert abs(rho_ref - 0.82032) < 5e-4  # sentence-transformers' figure for this model
     for kinds in (None, KINDS):
+        n = len(s1) if kinds is None else 600  # the miss shows on a part too (a part's minimum is >= the whole's)
         if kinds is not None:
             enable_fp8(eng.model, eng.device, 0, kinds)
         set_fp8_min_tokens(eng.model, 0)  # every step in fp8, whatever its size
-        b1, b2 = embed(eng, s1), embed(eng, s2)
-        assert abs(spearmanr(cosine_rows(b1, b2), gold)[0] - rho_ref) < 0.003
-        cos = np.concatenate([cosine_rows(a1, b1), cosine_rows(a2, b2)])
+        b1, b2 = embed(eng, s1[:n]), embed(eng, s2[:n])
+        rho_part = rho_ref if kinds is None else spearmanr(cosine_rows(a1[:n], a2[:n]), gold[:n])[0]
+        assert abs(spearmanr(cosine_rows(b1, b2), gold[:n])[0] - rho_part) < 0.003
+        cos = np.concatenate([cosine_rows(a1[:n], b1), cosine_rows(a2[:n], b2)])
         assert cos.max() < 0.99999  # it did run in fp8
         assert (cos.min() >= 0.995) == (kinds is None), (kinds, cos.min())
 
