@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional
 import typer
 
 from bouquet.bench.command import bench_app
-from bouquet.config import (BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, MAX_BATCH_SEQS,
-                            ConfigError, ServeConfig)
+from bouquet.config import (BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, LOG_FORMAT,
+                            MAX_BATCH_SEQS, ConfigError, ServeConfig)
 
 # Plain (click) help: rich's option table cuts long option names at 80 columns ("--interactive-max-…").
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -222,7 +222,7 @@ def serve(
         timeout_read_gap=timeout_read_gap, max_header_bytes=max_header_bytes, max_header_count=max_header_count,
         max_connections=max_connections,
     )
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT)
     from bouquet.parent import PARENT_PID_ENV, die_with_parent
 
     if PARENT_PID_ENV in os.environ:  # started by a tool that owns it (`bouquet bench`): die with that tool
@@ -279,7 +279,7 @@ def embed(
         typer.echo(f"error: --log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", err=True)
         raise typer.Exit(2)
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     try:
         from bouquet.modelspec import resolve_model_path
 
@@ -335,7 +335,7 @@ def server_cmd(
         raise typer.Exit(2)
     cfg = _config(**replica, served_model_name=tuple(served_model_name), host=host, grpc_port=port,
                   device=device.split(":")[0], api_key=_api_key(None, api_key_file))
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT)
     from bouquet.launcher import serve_replica
 
     try:

@@ -13,6 +13,9 @@ from typing import Literal
 
 from bouquet.engine.runtime.buckets import Bucket  # bucket arithmetic only: no torch
 
+# Every process's log lines (launcher, gateway workers, replicas): time, level, logger, message.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")

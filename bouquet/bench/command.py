@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from bouquet.bench.suites import LOAD_SUITES, TOOL_SUITES, suites_table
+from bouquet.config import LOG_FORMAT
 
 bench_app = typer.Typer(invoke_without_command=True, no_args_is_help=False, add_completion=False,
                         help="Benchmark bouquet beside transformers and other servers (bench/README.md).")
@@ -105,7 +106,7 @@ def bench(
     if bad:
         typer.echo("error: unknown " + "; ".join(bad), err=True)
         raise typer.Exit(2)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level="INFO", format=LOG_FORMAT)
 
     def ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())

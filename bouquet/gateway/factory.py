@@ -10,10 +10,11 @@ replicas (launcher.py) or routes (app.py).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Sequence
 
-from bouquet.config import ConfigError, ServeConfig
+from bouquet.config import LOG_FORMAT, ConfigError, ServeConfig
 from bouquet.gateway.front import ASGIApp
 
 GATEWAY_CONFIG_ENV = "BOUQUET_GATEWAY_CONFIG"
@@ -38,6 +39,9 @@ def app_from_env() -> ASGIApp:
     cfgs = [ServeConfig.from_json(json.dumps(c)) for c in json.loads(text)]
     if not cfgs or not all(c.servers for c in cfgs):
         raise ConfigError(f"${GATEWAY_CONFIG_ENV} lists a model without replica addresses (servers)")
+    # A spawned process starts without the launcher's logging: without this, the worker's own lines
+    # (bouquet.access, refusals, the tokenizer chosen) below WARNING went nowhere.
+    logging.basicConfig(level=cfgs[0].log_level.upper(), format=LOG_FORMAT)
     from bouquet.gateway.drain import DrainState
     from bouquet.parent import PARENT_PID_ENV, die_with_parent
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from bouquet.config import ServeConfig, batch_token_budget
+from bouquet.config import LOG_FORMAT, ServeConfig, batch_token_budget
 from bouquet.modelspec import ModelSpec, load_spec
 from bouquet.parent import die_with_parent
 from bouquet.proto.rpc import SERVER_OPTIONS, ApiKeyInterceptor, add_health, add_servicer
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         # `bouquet serve` writes the key into a pipe and closes it: nothing else can read it there
         # (a command line is public in /proc; an environment is inherited by every child).
         cfg = cfg.replace(api_key=sys.stdin.readline().removesuffix("\n"))
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=cfg.log_level.upper(), format=LOG_FORMAT)
     if not args.standalone:
         die_with_parent()  # again (server/__main__.py did it first): main() may be called directly
         # Ctrl-C reaches the whole process group: the launcher stops its replicas (SIGTERM) once

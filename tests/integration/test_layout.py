@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import httpx
@@ -118,5 +119,13 @@ def test_serve_flags_win() -> None:
         assert info["tokenization_workers"] == 6
         assert "as given: --gateway-workers, --tokenizer-threads" in info["layout"]["chosen"]
         assert srv.embed("still served").status_code == 200
+        # the spawned workers log as the single-process gateway does (an answer >= 400 at INFO)
+        r = httpx.get(srv.url + "/no-such-route", headers={"X-Request-Id": "two-workers-404"}, timeout=10)
+        assert r.status_code == 404
+        end = time.monotonic() + 5
+        while "request_id=two-workers-404" not in srv.log_path.read_text(errors="replace") and time.monotonic() < end:
+            time.sleep(0.1)
+        line = next(ln for ln in srv.log_path.read_text(errors="replace").splitlines() if "request_id=two-workers-404" in ln)
+        assert "INFO bouquet.access:" in line and " 404 " in line, line
     finally:
         assert srv.stop() == 0
