@@ -35,7 +35,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of
 
@@ -101,6 +101,8 @@ class FastBPE(AddedSplit):
 
         if getattr(tokenizer, "encode_special_tokens", False):
             raise Ineligible("encode_special_tokens is set")
+        if not isinstance(tokenizer.model, models.BPE):  # before the JSON: XLM-R's is 17 MB
+            raise Ineligible(f"model {type(tokenizer.model).__name__}")
         j = json.loads(tokenizer.to_str())
         try:
             normalize = _normalizer(j.get("normalizer"))

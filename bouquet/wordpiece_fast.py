@@ -28,7 +28,7 @@ import unicodedata
 from importlib.metadata import version
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of
 
@@ -116,6 +116,8 @@ class FastWordPiece(AddedSplit):
 
         if getattr(tokenizer, "encode_special_tokens", False):
             raise Ineligible("encode_special_tokens is set")
+        if not isinstance(tokenizer.model, models.WordPiece):  # before the JSON: XLM-R's is 17 MB
+            raise Ineligible(f"model {type(tokenizer.model).__name__}")
         j = json.loads(tokenizer.to_str())
         try:
             _check(j)

@@ -160,7 +160,7 @@ def test_bpe_files_are_refused() -> None:
     from tests.integration.test_bpe_fast import _qwen_json
 
     tok = Tokenizer.from_file(str(_qwen_json()))
-    with pytest.raises(Ineligible, match="normalizer"):
+    with pytest.raises(Ineligible, match="model BPE"):
         FastWordPiece.of(tok, str(_qwen_json()))
 
 
