@@ -16,7 +16,8 @@ the other), and a few characters are classed apart by the two (``EXCEPTIONS``: D
 characters assigned in Unicode 3.2 (a table every Python carries) but those:
 tests/integration/test_wordpiece_fast.py checks every one of them in several contexts, random text
 from them, and the STSb sentences. A text with any other character (a recent emoji, say) is
-tokenized by ``tokenizers``.
+tokenized by ``tokenizers``, as is a text of more than ``MAX_CHARS`` characters (tokie cuts texts
+of 64 KiB into chunks).
 """
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ TESTED_NORMALIZERS = frozenset({(True, None), (True, True), (False, None), (Fals
 # Characters assigned in Unicode 3.2 that the two libraries read apart (found by testing every one):
 # DEL, U+166D (Po -> So), U+1734 (Mn -> Mc), U+1885 and U+1886 (Lo -> Mn).
 EXCEPTIONS = frozenset({0x7F, 0x166D, 0x1734, 0x1885, 0x1886})
+# tokie 0.1.4 encodes a text of 64 KiB or more in parallel chunks cut at byte offsets: a word across
+# a cut comes out as two ("a" * 65536: two [UNK] where tokenizers gives one) and a multi-byte space
+# at a cut panics. Longer texts go to tokenizers; a long input that is truncated reaches this module
+# as a window of a few thousand characters (TextTokenizer._bounded).
+MAX_CHARS = 8192  # at most 32 KiB in UTF-8: half the size where tokie starts to cut
 # Planes 0-2 and 14 are read through the table; planes 3-13, 15 and 16 (nothing there in Unicode 3.2
 # but private use) always go to ``tokenizers``.
 _CHECKED_PLANES = (range(0x30000), range(0xE0000, 0xE1000))
@@ -68,7 +74,10 @@ def _unsafe_starts() -> tuple[list[int], list[int]]:
 
 
 def safe(text: str) -> bool:
-    """Whether every character of ``text`` is one ``tokie`` reads as ``tokenizers`` does (module docstring)."""
+    """Whether ``text`` is one ``tokie`` reads as ``tokenizers`` does: at most ``MAX_CHARS`` long,
+    every character admitted (module docstring)."""
+    if len(text) > MAX_CHARS:
+        return False
     if text.isascii():
         return "\x7f" not in text
     starts, ends = _unsafe_starts()
@@ -144,7 +153,13 @@ class FastWordPiece(AddedSplit):
         return super().ids(text)
 
     def pieces(self, text: str) -> list[int]:
-        return self._fast.encode(text, add_special_tokens=False).ids
+        try:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        except BaseException as e:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            log.warning("tokenizer: tokie failed on a text of %d characters (%s); tokenizers takes it", len(text), e)
+            return self._reference.encode(text, add_special_tokens=False).ids
 
 
 def _check(j: dict[str, Any]) -> None:

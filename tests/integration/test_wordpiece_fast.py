@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer, TooLong
-from bouquet.wordpiece_fast import FastWordPiece, Ineligible, fast_wordpiece, safe
+from bouquet.wordpiece_fast import MAX_CHARS, FastWordPiece, Ineligible, fast_wordpiece, safe
 from tests.helpers import read_sts
 from tests.integration.test_bpe_fast import _prose, _random_text, _sts, hard_texts
 
@@ -118,9 +118,26 @@ def test_same_ids_on_every_admitted_character(hf: Tokenizer, fast: FastWordPiece
         assert not refused, (hex(a), refused[:5])
 
 
+def test_texts_of_64_kib_and_more(hf: Tokenizer, fast: FastWordPiece) -> None:
+    """tokie 0.1.4 cuts a text of 64 KiB into chunks at byte offsets (found by a new-user trial
+    through /v1/embeddings: 4 tokens counted for "a" * 65536 instead of 3; ideographic spaces at a
+    cut panic): texts over MAX_CHARS go to tokenizers, a panic anyway to tokenizers too."""
+    texts = ["a" * 65536, "a" * 65537, "é" * 40000, "a" * 99999 + " b", "x " + "中" * 70000,
+             "\x1c".join(["a" * 100] * 700), "\u3000".join(["b" * 200] * 400), "x" * (MAX_CHARS + 1)]
+    assert not _bad(hf, fast, texts)
+    assert not any(map(safe, texts)) and safe("x" * MAX_CHARS)
+    got, ref = _pair(512, "embed")
+    for side in ("right", "left"):
+        a, b = got.encode(texts, True, side), ref.encode(texts, True, side)
+        assert not _differ(a.ids, b.ids), side
+    panics = "\u3000".join(["b" * 200] * 400)  # straight to tokie's pieces: its panic is caught
+    assert fast.pieces(panics) == hf.encode(panics, add_special_tokens=False).ids
+    assert fast.ids("still well after it") == hf.encode("still well after it", add_special_tokens=False).ids
+
+
 def test_million_characters(hf: Tokenizer, fast: FastWordPiece) -> None:
     text = _prose(1_000_000, 5) + "[SEP]" + "中文" * 1000
-    assert safe(text) and fast.ids(text) == hf.encode(text, add_special_tokens=False).ids
+    assert fast.ids(text) == hf.encode(text, add_special_tokens=False).ids  # through tokenizers
 
 
 @pytest.mark.parametrize("lower, strip", [(False, None), (False, False), (True, True)])
