@@ -78,7 +78,7 @@ def fetch_model(model: str, revision: str | None = None, *, download: bool, allo
     try:
         validate_repo_id(repo_id)
         if download:
-            log.info("bouquet: fetching %s%s from the Hugging Face Hub (or its cache)", repo_id, f"@{rev}" if rev else "")
+            log.info("fetching %s%s from the Hugging Face Hub (or its cache)", repo_id, f"@{rev}" if rev else "")
         path = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns, local_files_only=not download))
         if weights and allow_pickle and _needs_pickles(path):
             path = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns + [*PICKLE_WEIGHTS, *MODULE_PICKLES],

@@ -219,7 +219,7 @@ def serve(cfg: ServeConfig) -> int:
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
     cfg = resolve_layout(cfg, specs)
-    log.info("bouquet: layout: %s", cfg.layout)
+    log.info("layout: %s", cfg.layout)
     # per_model again: a fixed --grpc-port numbers each model's replicas after the previous model's
     entries = [c.replace(model=e.model, revision=e.revision, served_model_name=e.served_model_name)
                for c, e in zip(cfg.per_model(), entries)]
@@ -247,7 +247,7 @@ def serve(cfg: ServeConfig) -> int:
                     raise RuntimeError(f"{e} (model {c.model})" if len(entries) > 1 else str(e)) from None
                 group_models.append(c.model or spec.model_id)  # None: the embedded default, named by its id
                 addresses, paths = [r.address for r in groups[-1]], [r.ipc_path for r in groups[-1]]
-            log.info("bouquet: model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
+            log.info("model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")
             gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths)))
     except BaseException:
@@ -307,7 +307,7 @@ def serve(cfg: ServeConfig) -> int:
                 which = f" (model {group_models[i]})" if len(entries) > 1 else ""
                 reasons.extend(dict.fromkeys(e + which for e in (r.error() for r in groups[i]) if e))
                 if not reasons:  # with reasons, the command's error line says it all
-                    log.error("bouquet: every server replica of model %s has exited; stopping the gateway",
+                    log.error("every server replica of model %s has exited; stopping the gateway",
                               group_models[i])
                 failed.set()
                 stop()
@@ -316,7 +316,7 @@ def serve(cfg: ServeConfig) -> int:
     threading.Thread(target=watch, daemon=True).start()
     port = sock.getsockname()[1]  # the bound one, also for --port 0
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    log.info("bouquet: gateway on http://%s:%d (OpenAI: /v1/embeddings), %d worker(s)", host, port, cfg.gateway_workers)
+    log.info("gateway on http://%s:%d (OpenAI: /v1/embeddings), %d worker(s)", host, port, cfg.gateway_workers)
     try:
         run()
     finally:

@@ -40,6 +40,7 @@ class DrainState:
         self.inflight = 0
         self.deadline: float | None = None  # set when draining starts
         self.expired = False  # past the deadline: the requests still running were cancelled
+        self.cut_short = False  # the deadline was brought forward by a second signal (expire_now)
         # The tasks of the POST requests running now (front.py adds and removes them): cancelled at
         # the deadline, and each answers 503 itself.
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -52,13 +53,15 @@ class DrainState:
     def start(self) -> None:
         if self.deadline is None:
             self.deadline = time.monotonic() + self.timeout_s
-            log.info("bouquet: draining: %d request(s) in flight, waiting up to %g s", self.inflight, self.timeout_s)
+            log.info("draining: %d request(s) in flight, waiting up to %g s (a second Ctrl-C or SIGTERM ends it now)",
+                     self.inflight, self.timeout_s)
 
     def expire_now(self) -> None:
         """A second signal: end the drain now; the requests in flight are answered 503 (``done``)."""
         now = time.monotonic()
         if self.deadline is None or self.deadline > now:
             self.deadline = now
+            self.cut_short = True
 
     def done(self) -> bool:
         """True once draining and either idle, or past the deadline by ``cancel_grace_s`` (the
@@ -72,7 +75,8 @@ class DrainState:
             return False
         if not self.expired:
             self.expired = True
-            log.warning("bouquet: drain timeout with %d request(s) still in flight: answering them 503", self.inflight)
+            log.warning("drain %s with %d request(s) still in flight: answering them 503",
+                        "ended by a second signal" if self.cut_short else "timeout", self.inflight)
             for task in self.tasks:
                 task.cancel()
             return False

@@ -90,6 +90,6 @@ def fit_connections(max_connections: int, reserve: int = FD_RESERVE) -> int:
     if soft == resource.RLIM_INFINITY or soft >= want:
         return max_connections
     fits = max(1, soft - reserve)
-    log.warning("bouquet: --max-connections %d does not fit the open-file limit %d (ulimit -n; %d kept for the "
+    log.warning("--max-connections %d does not fit the open-file limit %d (ulimit -n; %d kept for the "
                 "gateway itself): capping at %d connections per gateway process", max_connections, soft, reserve, fits)
     return fits

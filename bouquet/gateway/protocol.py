@@ -146,7 +146,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._over_cap = len(self.connections) > self.limits.max_connections
         if self._over_cap and self._since - HttpProtocol._cap_warned_at >= CAP_WARNING_EVERY_S:
             HttpProtocol._cap_warned_at = self._since
-            log.warning("bouquet: %d open connections, past --max-connections %d: new clients are answered 503",
+            log.warning("%d open connections, past --max-connections %d: new clients are answered 503",
                         len(self.connections), self.limits.max_connections)
         self._arm()
 
@@ -369,7 +369,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, refusal: Refusal) -> None:
         """Answer ``refusal`` once the responses owed before it are sent, then close (lingering)."""
-        log.debug("bouquet: refused %s (%s): %s", self.client, refusal.status, refusal.message)
+        log.debug("refused %s (%s): %s", self.client, refusal.status, refusal.message)
         # The client's X-Request-Id once its head was parsed; before that, none is trusted.
         rid = request_headers(self.headers)[0] if self._head_parsed else new_request_id()
         path = self._path()
