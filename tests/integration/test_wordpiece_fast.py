@@ -236,3 +236,22 @@ def test_pairs_are_unchanged(limit: int) -> None:
     assert not isinstance(e1.value, TooLong) and not isinstance(e2.value, TooLong)
     a, b = got.encode_pairs(long_query[1:]), ref.encode_pairs(long_query[1:])  # one document token left
     assert not _differ(a.ids, b.ids) and len(a.ids[0]) == limit
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 4, 5])
+def test_pairs_at_limits_near_the_template(limit: int) -> None:
+    """A limit of at most the pair template's 3 tokens: tokenizers truncates nothing below it and
+    both sequences to nothing at it (("", "a") at 3 is [CLS] [SEP] [SEP]); just above, the same
+    ids or the same refusal."""
+    got, ref = _pair(limit, "score")
+    for q, d in [("", ""), ("", "a"), ("a", ""), ("a", "a"), ("hello world", "foo bar baz"), ("", "foo bar")]:
+        for side in ("right", "left"):
+            try:
+                b = ref.encode_pairs([(q, d)], side)
+            except Exception:  # noqa: BLE001 - tokenizers' bare Exception: the query leaves no room
+                with pytest.raises(Exception) as e:
+                    got.encode_pairs([(q, d)], side)
+                assert not isinstance(e.value, TooLong)
+                continue
+            a = got.encode_pairs([(q, d)], side)
+            assert not _differ(a.ids, b.ids) and not _differ(a.type_ids, b.type_ids), (q, d, side, a.ids, b.ids)
