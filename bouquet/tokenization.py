@@ -289,7 +289,9 @@ class TextTokenizer:
         docs = [d for _, d in pairs]
         long_docs = self._windowed(docs) if truncate else []
         fast = self._fast
-        if fast is not None and fast.template.pair is not None:  # ids from the fast path, put together as post_process does
+        # A limit of at most the pair template's own tokens is left to tokenizers, whose post_process
+        # then truncates nothing (below: the room left wraps around) or both sequences to nothing (at it).
+        if fast is not None and fast.template.pair is not None and (not truncate or self.max_len > fast.template.pair_added):
             q_ids = {q: fast.ids(q) for q in unique}
             d_ids = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side)[1], lambda xs: [fast.ids(x) for x in xs])
             limit = self.max_len if truncate else None
