@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 import tokenizers
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
@@ -163,6 +163,7 @@ class TextTokenizer:
         appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
         self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
+        self._whole_words = isinstance(base.model, models.WordPiece)  # see _bounded
         self._fast: FastBPE | FastWordPiece | None = (fast_bpe(base, str(spec.tokenizer_path))
                                                        or fast_wordpiece(base, str(spec.tokenizer_path)))
         if self._fast is None:
@@ -209,7 +210,9 @@ class TextTokenizer:
 
         A window cut inside a run of non-space characters is tokenized a second time one character
         longer and kept only when both agree on the kept tokens: Unigram's best segmentation of a
-        long word can depend on where the word ends ("x" * n, by n mod 3, in XLM-R)."""
+        long word can depend on where the word ends ("x" * n, by n mod 3, in XLM-R). WordPiece reads
+        a word over 100 characters, or with one character outside its vocabulary, as one [UNK]
+        wherever that character is, so for it such a cut is never kept: the window grows instead."""
         keep = self.max_len
         need = keep + _margin(keep)
         chars = [need * _FIRST_CHARS_PER_TOKEN] * len(texts)
@@ -224,7 +227,7 @@ class TextTokenizer:
                 parts[i] = part
                 slots.append((i, len(batch), len(part) == len(texts[i]), clean))
                 batch.append(part)
-                if not clean:
+                if not clean and not self._whole_words:
                     n = len(part) + 1
                     batch.append(texts[i][:n] if side == "right" else texts[i][len(texts[i]) - n:])
             encs = self._plain.encode_batch_fast(batch, add_special_tokens=False) if encodings else self.plain_ids(batch)
@@ -232,7 +235,8 @@ class TextTokenizer:
             todo = []
             for i, k, whole, clean in slots:
                 ids = seqs[k]
-                if whole or (len(ids) >= need and (clean or _same_end(ids, seqs[k + 1], keep, side))):
+                settled = clean or (not self._whole_words and _same_end(ids, seqs[k + 1], keep, side))
+                if whole or (len(ids) >= need and settled):
                     out[i] = encs[k]
                 else:  # too few tokens: grow by the characters per token seen; an unsettled cut: double
                     short = need / max(1, len(ids))
