@@ -1,4 +1,4 @@
-"""BERT's WordPiece through ``tokie`` (~25x faster per text than ``tokenizers`` 0.23 here), for the
+"""BERT's WordPiece through ``tokie`` (10-25x less CPU per text than ``tokenizers`` 0.23 here), for the
 texts whose ids it reproduces; every other text and every other file stays on ``tokenizers``.
 
 A BERT tokenizer.json (``BertNormalizer``, ``BertPreTokenizer``, ``WordPiece``) works character by
