@@ -288,3 +288,21 @@ def spec_from_config(
         token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
         include_prompt=st.include_prompt,
     )
+
+
+def resolve_prompt(spec: ModelSpec, prompt: str | None = None, name: str | None = None) -> str:
+    """The text prepended to every input: ``prompt`` as given, else the model's prompt called
+    ``name``, else its default prompt (sentence-transformers' ``prompts`` and
+    ``default_prompt_name`` in config_sentence_transformers.json), else "".
+
+    Raises ValueError when both ``prompt`` and ``name`` are given, KeyError for an unknown name.
+    """
+    if prompt is not None and name is not None:
+        raise ValueError("send either 'prompt' or 'prompt_name', not both")
+    if name is not None:
+        if name not in spec.prompts:
+            raise KeyError(f"unknown prompt_name {name!r}; this model defines {sorted(spec.prompts)}")
+        return spec.prompts[name]
+    if prompt is None and spec.default_prompt_name:
+        return spec.prompts.get(spec.default_prompt_name, "")
+    return prompt or ""

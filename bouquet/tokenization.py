@@ -29,24 +29,6 @@ Side = Literal["left", "right"]
 log = logging.getLogger(__name__)
 
 
-def resolve_prompt(spec: ModelSpec, prompt: str | None = None, name: str | None = None) -> str:
-    """The text prepended to every input: ``prompt`` as given, else the model's prompt called
-    ``name``, else its default prompt (sentence-transformers' ``prompts`` and
-    ``default_prompt_name`` in config_sentence_transformers.json), else "".
-
-    Raises ValueError when both ``prompt`` and ``name`` are given, KeyError for an unknown name.
-    """
-    if prompt is not None and name is not None:
-        raise ValueError("send either 'prompt' or 'prompt_name', not both")
-    if name is not None:
-        if name not in spec.prompts:
-            raise KeyError(f"unknown prompt_name {name!r}; this model defines {sorted(spec.prompts)}")
-        return spec.prompts[name]
-    if prompt is None and spec.default_prompt_name:
-        return spec.prompts.get(spec.default_prompt_name, "")
-    return prompt or ""
-
-
 class BadTokenId(ValueError):
     """Pre-tokenized input ``index`` holds an id outside the vocabulary (or no id at all).
     ``detail``: the message without the input's name, for callers that name it their way

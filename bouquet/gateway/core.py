@@ -19,9 +19,9 @@ from bouquet.gateway.errors import APIError, bad_request, json_type
 from bouquet.gateway.inputs import TextInputs, opt_str
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
-from bouquet.modelspec import ModelSpec
+from bouquet.modelspec import ModelSpec, resolve_prompt
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong, resolve_prompt
+from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs); above it the
 # tokenizer (which releases the GIL) runs beside the event loop (docs/decisions.md, 2026-12-04).

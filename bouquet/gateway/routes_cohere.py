@@ -38,7 +38,7 @@ from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import TextInputs, check_dimensions, opt_int, opt_str
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import parse_texts, ranked_results
-from bouquet.tokenization import resolve_prompt
+from bouquet.modelspec import resolve_prompt
 
 # input_type → prompt names tried in order among the model's ``prompts`` (exact names as models
 # spell them: Qwen3-Embedding and e5-style "query"/"document"/"passage", nomic's

@@ -252,8 +252,8 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
 
     from bouquet.engine.runtime.engine import resolve_device, resolve_dtype
     from bouquet.engine.heads.pooling import finalize
-    from bouquet.tokenization import TextTokenizer, resolve_prompt
-    from bouquet.modelspec import load_spec
+    from bouquet.modelspec import load_spec, resolve_prompt
+    from bouquet.tokenization import TextTokenizer
 
     cfg = cfg.validate()
     spec = load_spec(cfg.model) if engine is None else engine.spec

@@ -59,8 +59,8 @@ class EmbedActor:
     (row, id, tokens, vector)."""
 
     def __init__(self, cfg: EmbedJobConfig, device: str) -> None:
-        from bouquet.tokenization import TextTokenizer, resolve_prompt
-        from bouquet.modelspec import load_spec
+        from bouquet.modelspec import load_spec, resolve_prompt
+        from bouquet.tokenization import TextTokenizer
 
         import torch
 
@@ -117,8 +117,7 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
     except ImportError as e:
         raise ImportError("--ray needs Ray Data: pip install 'bouquet[ray]'") from e
     from bouquet.engine.runtime.engine import resolve_dtype
-    from bouquet.modelspec import load_spec
-    from bouquet.tokenization import resolve_prompt
+    from bouquet.modelspec import load_spec, resolve_prompt
 
     import torch
 
