@@ -31,13 +31,12 @@ them) are left out of tiktoken's table: by the same span argument no context mak
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Callable
 
 from tokenizers import Tokenizer, models
 
-from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of
+from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of, tokenizer_json
 
 log = logging.getLogger(__name__)
 # GPT-2's expression, as ``tokenizers``' ByteLevel pre-tokenizer runs it with ``use_regex``
@@ -99,11 +98,7 @@ class FastBPE(AddedSplit):
         ImportError without tiktoken. Costs ~1 s on Qwen3's 151,643 tokens (most of it check (b))."""
         import tiktoken
 
-        if getattr(tokenizer, "encode_special_tokens", False):
-            raise Ineligible("encode_special_tokens is set")
-        if not isinstance(tokenizer.model, models.BPE):  # before the JSON: XLM-R's is 17 MB
-            raise Ineligible(f"model {type(tokenizer.model).__name__}")
-        j = json.loads(tokenizer.to_str())
+        j = tokenizer_json(tokenizer, models.BPE)
         try:
             normalize = _normalizer(j.get("normalizer"))
             pattern = _pattern(j.get("pre_tokenizer"))

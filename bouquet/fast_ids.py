@@ -9,6 +9,7 @@ character offsets always come from ``tokenizers``.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,17 @@ class Template:
             ids += seq
             types += [type_id] * len(seq)
         return ids, types
+
+
+def tokenizer_json(tokenizer: Any, model: type) -> dict[str, Any]:
+    """The tokenizer.json of a ``tokenizers.Tokenizer`` whose model is a ``model`` (a
+    ``tokenizers.models`` class), parsed. Raises Ineligible for another model kind (checked before
+    the JSON is written out: XLM-R's is 17 MB) or with ``encode_special_tokens`` set."""
+    if getattr(tokenizer, "encode_special_tokens", False):
+        raise Ineligible("encode_special_tokens is set")
+    if not isinstance(tokenizer.model, model):
+        raise Ineligible(f"model {type(tokenizer.model).__name__}")
+    return json.loads(tokenizer.to_str())
 
 
 def template_of(p: dict[str, Any] | None, want_pair: bool = False) -> Template:

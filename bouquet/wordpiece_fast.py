@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 import logging
 import unicodedata
 from importlib.metadata import version
@@ -31,7 +30,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, models
 
-from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of
+from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of, tokenizer_json
 
 log = logging.getLogger(__name__)
 # The normalizer settings tested against ``tokenizers`` (uncased and cased BERT).
@@ -123,11 +122,7 @@ class FastWordPiece(AddedSplit):
         probe text whose ids differ), ImportError without tokie."""
         import tokie
 
-        if getattr(tokenizer, "encode_special_tokens", False):
-            raise Ineligible("encode_special_tokens is set")
-        if not isinstance(tokenizer.model, models.WordPiece):  # before the JSON: XLM-R's is 17 MB
-            raise Ineligible(f"model {type(tokenizer.model).__name__}")
-        j = json.loads(tokenizer.to_str())
+        j = tokenizer_json(tokenizer, models.WordPiece)
         try:
             _check(j)
             template = template_of(j.get("post_processor"), want_pair=True)
