@@ -1,18 +1,23 @@
 """What the faster tokenizer paths share (bouquet/bpe_fast.py: tiktoken for byte-level BPE,
-bouquet/wordpiece_fast.py: tokie for BERT's WordPiece): the post-processor as fixed ids around the
-text's (``Template``), the added tokens cut out of the raw text first, as ``tokenizers`` does, and
-the refusal (``Ineligible``) of a ``tokenizer.json`` part they do not reproduce exactly.
+bouquet/wordpiece_fast.py and bouquet/unigram_fast.py: tokie for BERT's WordPiece and XLM-R's
+Unigram): the post-processor as fixed ids around the text's (``Template``), the added tokens cut
+out of the raw text first, as ``tokenizers`` does, and the refusal (``Ineligible``) of a ``tokenizer.json`` part they do not reproduce exactly.
 
 ``tokenizers`` stays the reference: each path is used only for files whose ids it is tested to
-reproduce (tests/integration/test_bpe_fast.py, tests/integration/test_wordpiece_fast.py), and
+reproduce (tests/integration/test_bpe_fast.py, test_wordpiece_fast.py, test_unigram_fast.py), and
 character offsets always come from ``tokenizers``.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from importlib.metadata import version
+from typing import Any, Callable, Iterable, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Ineligible(ValueError):
@@ -169,3 +174,74 @@ class AddedSplit:
         if start < len(text):
             out += self.pieces(text[start:])
         return out
+
+
+class TokieSplit(AddedSplit):
+    """A tokie path (bouquet/wordpiece_fast.py, bouquet/unigram_fast.py): tokie's ids for the text
+    between added tokens, the ``tokenizers`` reference for what tokie does not take (a text it
+    panics on, a ``str`` with lone surrogates, whatever a subclass sends there), and the post-processor
+    as ``template``. Thread-safe (immutable; tokie releases the GIL while it encodes)."""
+
+    def __init__(self, fast: Any, reference: Any, added: dict[str, int], template: Template) -> None:
+        super().__init__(added)
+        self._fast = fast
+        self._reference = reference
+        self.template = template
+
+    def reference_ids(self, text: str) -> list[int]:
+        return self._reference.encode(text, add_special_tokens=False).ids
+
+    def check(self, probes: Iterable[str]) -> None:
+        """Raises Ineligible at the first probe text whose ids differ from the reference's: a
+        different tokie build, or a file outside what was tested, is refused rather than guessed at."""
+        for text in probes:
+            if self.ids(text) != self.reference_ids(text):
+                raise Ineligible(f"tokie's ids differ on the probe text {text[:40]!r}")
+
+    def pieces(self, text: str) -> list[int]:
+        try:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        except UnicodeEncodeError:  # lone surrogates: tokenizers answers them as it always has
+            return self.reference_ids(text)
+        except BaseException as e:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            log.warning("tokenizer: tokie failed on a text of %d characters (%s); tokenizers takes it", len(text), e)
+            return self.reference_ids(text)
+
+
+def tokie_of(path: str) -> Any:
+    """tokie's Tokenizer for ``path``. Raises ImportError without tokie, Ineligible where it cannot
+    read the file."""
+    import tokie
+
+    try:
+        return tokie.Tokenizer.from_json(path)
+    except Exception as e:  # noqa: BLE001 - tokie raises its own error types for files it cannot read
+        raise Ineligible(f"tokie cannot read it: {e}") from None
+
+
+def reference_of(tokenizer: Any) -> Any:
+    """``tokenizer`` itself where it neither truncates nor pads (as TextTokenizer's), else a copy
+    that does neither (a copy of XLM-R's 17 MB file costs ~1 s)."""
+    if tokenizer.truncation is None and tokenizer.padding is None:
+        return tokenizer
+    copy = type(tokenizer).from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def tokie_path(build: Callable[[], T], path: str, kind: str) -> T | None:
+    """``build()``, or None (the caller keeps ``tokenizers``) when it raises Ineligible or
+    ImportError (no tokie); the backend chosen is logged once."""
+    import tokenizers
+
+    try:
+        fast = build()
+    except (Ineligible, ImportError) as e:
+        log.debug("tokenizer: no tokie path for %s: %s", path, e)
+        return None
+    log.info("tokenizer: tokie %s for %s (%s, ids as tokenizers %s gives them; other texts through tokenizers)",
+             version("tokie"), path, kind, tokenizers.__version__)
+    return fast

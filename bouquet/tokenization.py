@@ -2,7 +2,8 @@
 the GIL and runs in parallel). The raw ``Tokenizer`` object is used, never a ``transformers``
 wrapper (shared wrappers fail across threads with "Already borrowed"). Ids without offsets of a
 byte-level BPE file that tiktoken reproduces exactly (Qwen's) come from tiktoken (bouquet/bpe_fast.py),
-of a BERT WordPiece file from tokie, for texts it is tested to read alike (bouquet/wordpiece_fast.py).
+of a BERT WordPiece file from tokie, for texts it is tested to read alike (bouquet/wordpiece_fast.py),
+of an XLM-R Unigram file from tokie (bouquet/unigram_fast.py).
 
 Truncation is decided per request. With truncation on, a text much longer than the model's limit
 is tokenized only at the end that is kept (``_bounded``), so a huge input costs what its kept
@@ -23,6 +24,7 @@ from tokenizers import Tokenizer, models
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
+from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
 Side = Literal["left", "right"]
@@ -146,8 +148,9 @@ class TextTokenizer:
         self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
         self._whole_words = isinstance(base.model, models.WordPiece)  # see _bounded
-        self._fast: FastBPE | FastWordPiece | None = (fast_bpe(base, str(spec.tokenizer_path))
-                                                       or fast_wordpiece(base, str(spec.tokenizer_path)))
+        path = str(spec.tokenizer_path)
+        self._fast: FastBPE | FastWordPiece | FastUnigram | None = (
+            fast_bpe(base, path) or fast_wordpiece(base, path) or fast_unigram(base, path))
         if self._fast is None:
             log.info("tokenizer: tokenizers %s for %s", tokenizers.__version__, spec.tokenizer_path)
         # Truncation is a setting of the Rust tokenizer, so each (side, single/pair) has its own copy.

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import bisect
 import functools
-import logging
 import unicodedata
-from importlib.metadata import version
 from typing import Any
 
 from tokenizers import Tokenizer, models
 
-from bouquet.fast_ids import AddedSplit, Ineligible, Template, added_of, template_of, tokenizer_json
+from bouquet.fast_ids import (Ineligible, TokieSplit, added_of, reference_of, template_of, tokenizer_json, tokie_of,
+                              tokie_path)
 
-log = logging.getLogger(__name__)
 # The normalizer settings tested against ``tokenizers`` (uncased and cased BERT).
 TESTED_NORMALIZERS = frozenset({(True, None), (True, True), (False, None), (False, False)})  # (lowercase, strip_accents)
 # Characters assigned in Unicode 3.2 that the two libraries read apart (found by testing every one):
@@ -91,37 +89,20 @@ def safe(text: str) -> bool:
 def fast_wordpiece(tokenizer: Tokenizer, path: str) -> FastWordPiece | None:
     """``FastWordPiece.of(tokenizer, path)``, or None (the caller keeps ``tokenizers``) when the file
     is not eligible or tokie is not installed; the backend chosen is logged once."""
-    import tokenizers
-
-    try:
-        fast = FastWordPiece.of(tokenizer, path)
-    except (Ineligible, ImportError) as e:
-        log.debug("tokenizer: no tokie path for %s: %s", path, e)
-        return None
-    log.info("tokenizer: tokie %s for %s (WordPiece, ids as tokenizers %s gives them; other texts through tokenizers)",
-             version("tokie"), path, tokenizers.__version__)
-    return fast
+    return tokie_path(lambda: FastWordPiece.of(tokenizer, path), path, "WordPiece")
 
 
-class FastWordPiece(AddedSplit):
+class FastWordPiece(TokieSplit):
     """``tokie``'s tokenizer for one BERT WordPiece ``tokenizer.json``, built once.
 
     Thread-safe (immutable; tokie releases the GIL while it encodes). ``ids`` equals
     ``Tokenizer.encode(text, add_special_tokens=False).ids`` (``tokenizers`` itself for a text
     ``safe`` refuses); ``template`` describes what ``add_special_tokens=True`` adds, single and pair."""
 
-    def __init__(self, fast: Any, reference: Tokenizer, added: dict[str, int], template: Template) -> None:
-        super().__init__(added)
-        self._fast = fast
-        self._reference = reference
-        self.template = template
-
     @classmethod
     def of(cls, tokenizer: Tokenizer, path: str) -> FastWordPiece:
         """Raises Ineligible naming the first part of the file that is not reproduced exactly (or a
         probe text whose ids differ), ImportError without tokie."""
-        import tokie
-
         j = tokenizer_json(tokenizer, models.WordPiece)
         try:
             _check(j)
@@ -129,32 +110,12 @@ class FastWordPiece(AddedSplit):
             added = added_of(j.get("added_tokens") or [])
         except (KeyError, TypeError, AttributeError, IndexError) as e:  # a shape this module does not know
             raise Ineligible(f"unexpected tokenizer.json shape ({type(e).__name__}: {e})") from None
-        try:
-            fast = tokie.Tokenizer.from_json(path)
-        except Exception as e:  # noqa: BLE001 - tokie raises its own error types for files it cannot read
-            raise Ineligible(f"tokie cannot read it: {e}") from None
-        reference = Tokenizer.from_str(tokenizer.to_str())
-        reference.no_truncation()
-        reference.no_padding()
-        out = cls(fast, reference, added, template)
-        for text in _PROBES:  # a different tokie build or a file outside what was tested: refuse, don't guess
-            if out.ids(text) != reference.encode(text, add_special_tokens=False).ids:
-                raise Ineligible(f"tokie's ids differ on the probe text {text[:40]!r}")
+        out = cls(tokie_of(path), reference_of(tokenizer), added, template)
+        out.check(_PROBES)
         return out
 
     def ids(self, text: str) -> list[int]:
-        if not safe(text):
-            return self._reference.encode(text, add_special_tokens=False).ids
-        return super().ids(text)
-
-    def pieces(self, text: str) -> list[int]:
-        try:
-            return self._fast.encode(text, add_special_tokens=False).ids
-        except BaseException as e:  # a Rust panic arrives as pyo3's PanicException, a BaseException
-            if type(e).__name__ != "PanicException":
-                raise
-            log.warning("tokenizer: tokie failed on a text of %d characters (%s); tokenizers takes it", len(text), e)
-            return self._reference.encode(text, add_special_tokens=False).ids
+        return super().ids(text) if safe(text) else self.reference_ids(text)
 
 
 def _check(j: dict[str, Any]) -> None:

@@ -205,7 +205,12 @@ def _differ(a: list[np.ndarray], b: list[np.ndarray]) -> list[int]:
 def test_text_tokenizer_outputs_are_unchanged(limit: int) -> None:
     got, ref = _pair(limit, "embed")
     s1, s2, _ = read_sts("test")
-    texts = s1[:300] + s2[:300] + _bert_texts() + [_prose(1_000_000, 11), "😀 " * 400]
+    assert_texts_unchanged(got, ref, s1[:300] + s2[:300] + _bert_texts() + [_prose(1_000_000, 11), "😀 " * 400], limit)
+
+
+def assert_texts_unchanged(got: TextTokenizer, ref: TextTokenizer, texts: list[str], limit: int) -> None:
+    """``got`` (a fast path) encodes ``texts`` as ``ref`` (tokenizers alone) does: truncated on
+    either side, the kept parts, untruncated, and the same TooLong; the template adds 2 tokens."""
     for side in ("right", "left"):
         a, b = got.encode(texts, True, side), ref.encode(texts, True, side)
         assert not _differ(a.ids, b.ids) and a.num_tokens == b.num_tokens, f"{side}: texts {_differ(a.ids, b.ids)} differ"
@@ -223,6 +228,26 @@ def test_text_tokenizer_outputs_are_unchanged(limit: int) -> None:
     assert (e1.value.index, e1.value.count, e1.value.limit) == (e2.value.index, e2.value.count, e2.value.limit)
 
 
+def assert_pairs_unchanged(got: TextTokenizer, ref: TextTokenizer, pairs: list[tuple[str, str]], limit: int,
+                           added: int) -> None:
+    """``got`` encodes (query, document) ``pairs`` as ``ref`` does: ids and type ids, documents
+    cut on either side, untruncated where they fit (the pair template adds ``added`` tokens), and
+    the same TooLong."""
+    for side in ("right", "left"):
+        a, b = got.encode_pairs(pairs, side), ref.encode_pairs(pairs, side)
+        assert not _differ(a.ids, b.ids) and not _differ(a.type_ids, b.type_ids) and a.num_tokens == b.num_tokens, side
+        assert max(len(x) for x in a.ids) == limit
+    fits = [(q, d) for q, d in pairs if len(ref.plain_ids([q])[0]) + len(ref.plain_ids([d])[0]) + added <= limit]
+    assert len(fits) > (100 if limit == 512 else 0)
+    a, b = got.encode_pairs(fits, truncate=False), ref.encode_pairs(fits, truncate=False)
+    assert not _differ(a.ids, b.ids) and not _differ(a.type_ids, b.type_ids)
+    with pytest.raises(TooLong) as e1:
+        got.encode_pairs(pairs, truncate=False)
+    with pytest.raises(TooLong) as e2:
+        ref.encode_pairs(pairs, truncate=False)
+    assert (e1.value.index, e1.value.count) == (e2.value.index, e2.value.count)
+
+
 @pytest.mark.parametrize("limit", [24, 512])
 def test_pairs_are_unchanged(limit: int) -> None:
     """Cross-encoder pairs: ids and token types, documents cut on either side, long documents
@@ -232,19 +257,8 @@ def test_pairs_are_unchanged(limit: int) -> None:
     s1, s2, _ = read_sts("test")
     docs = s2[:200] + [_prose(n, n) for n in (1_000, 3_000, 50_000)] + _bert_texts()[:40] + ["😀 " * 300, "x"]
     pairs = [(s1[i % 50], d) for i, d in enumerate(docs)]
-    for side in ("right", "left"):
-        a, b = got.encode_pairs(pairs, side), ref.encode_pairs(pairs, side)
-        assert not _differ(a.ids, b.ids) and not _differ(a.type_ids, b.type_ids) and a.num_tokens == b.num_tokens, side
-        assert max(len(x) for x in a.ids) == limit and {int(t) for x in a.type_ids for t in x} == {0, 1}
-    fits = [(q, d) for q, d in pairs if len(ref.plain_ids([q])[0]) + len(ref.plain_ids([d])[0]) + 3 <= limit]
-    assert len(fits) > (100 if limit == 512 else 0)
-    a, b = got.encode_pairs(fits, truncate=False), ref.encode_pairs(fits, truncate=False)
-    assert not _differ(a.ids, b.ids) and not _differ(a.type_ids, b.type_ids)
-    with pytest.raises(TooLong) as e1:
-        got.encode_pairs(pairs, truncate=False)
-    with pytest.raises(TooLong) as e2:
-        ref.encode_pairs(pairs, truncate=False)
-    assert (e1.value.index, e1.value.count) == (e2.value.index, e2.value.count)
+    assert_pairs_unchanged(got, ref, pairs, limit, 3)
+    assert {int(t) for x in got.encode_pairs(pairs).type_ids for t in x} == {0, 1}
     long_query = [("word " * (limit - 3), "document"), ("word " * (limit - 4), "document text")]
     with pytest.raises(Exception) as e1:
         got.encode_pairs(long_query[:1])
