@@ -12,13 +12,16 @@ import json
 import random
 import sys
 import unicodedata
+from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer
 from bouquet.unigram_fast import MAX_CHARS, FastUnigram, Ineligible, fast_unigram
+from tests.helpers import BouquetProcess
 from tests.integration.test_bpe_fast import _prose, _random_text, _sts, hard_texts
 from tests.integration.test_tokenizer_equality import _package_file
 from tests.integration.test_wordpiece_fast import assert_pairs_unchanged, assert_texts_unchanged
@@ -160,7 +163,7 @@ def _pair(xlmr_dir, limit: int, task: str) -> tuple[TextTokenizer, TextTokenizer
     return got, ref
 
 
-@pytest.mark.parametrize("limit", [16, 512])
+@pytest.mark.parametrize("limit", [16])  # the window logic at 512 on this file: test_tokenizer_equality.py
 def test_text_tokenizer_outputs_are_unchanged(xlmr_dir, limit: int) -> None:
     got, ref = _pair(xlmr_dir, limit, "embed")
     texts = _sts()[:600] + _xlmr_texts() + [_prose(300_000, 11), "😀 " * 400, "x" * 6_001, "\x1f", ""]
@@ -176,3 +179,44 @@ def test_pairs_are_unchanged(xlmr_dir, limit: int) -> None:
     docs = sts[1000:1200] + [_prose(n, n) for n in (1_000, 3_000, 50_000)] + _xlmr_texts()[:40] + ["😀 " * 300, "x"]
     pairs = [(sts[i % 50], d) for i, d in enumerate(docs)]
     assert_pairs_unchanged(got, ref, pairs, limit, 4)
+
+
+# ---- through the server -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def xlmr_server(tmp_path_factory: pytest.TempPathFactory):
+    """`bouquet serve` of a tiny random XLM-R-shaped encoder (mean pooling, as multilingual-e5)
+    with the real XLM-R tokenizer, 512 tokens at most."""
+    import transformers as tf
+
+    from bouquet.bench.models import save_random_model
+
+    cfg = tf.XLMRobertaConfig(vocab_size=XLMR_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)
+    out = save_random_model(tmp_path_factory.mktemp("xlmr-real-tok"), lambda: tf.XLMRobertaModel(cfg, add_pooling_layer=False),
+                            Path(_xlmr()), seed=0, pooling={"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
+    proc = BouquetProcess("--model", str(out))
+    try:
+        yield proc, out
+    finally:
+        proc.stop()
+
+
+def test_text_over_http_equals_its_token_ids(xlmr_server) -> None:
+    """The gateway's text path (tokie) gives the vectors and token counts of the ids tokenizers
+    gives the same texts, truncated on either side."""
+    proc, out = xlmr_server
+    assert "Unigram, ids as tokenizers" in proc.log_path.read_text(errors="replace")
+    ref = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ref.no_padding()
+    texts = _sts()[:20] + [t for t in _xlmr_texts() if t][:30] + [_prose(1_000_000, 3), "\x1f", "a\x1fb"]
+    for side in ("right", "left"):
+        ref.enable_truncation(512, direction=side)
+        ids = [e.ids for e in ref.encode_batch(texts)]
+        assert len(ids[-3]) == 512 and ids[-2] == [0, 2]
+        r_text = proc.embed(texts, truncation_side=side)
+        r_ids = proc.embed(ids)
+        assert r_text.status_code == 200 and r_ids.status_code == 200, (r_text.text, r_ids.text)
+        assert r_text.json()["usage"]["prompt_tokens"] == r_ids.json()["usage"]["prompt_tokens"] == sum(map(len, ids))
+        a = np.asarray([d["embedding"] for d in r_text.json()["data"]], dtype=np.float32)
+        b = np.asarray([d["embedding"] for d in r_ids.json()["data"]], dtype=np.float32)
+        assert np.allclose(a, b, atol=1e-6), side
