@@ -153,3 +153,33 @@ def test_bad_environment_value_is_a_usage_error(tmp_path):
                            timeout=60, cwd=REPO).stdout
     for name in ("BOUQUET_HOST", "BOUQUET_PORT", "BOUQUET_DEVICE", "BOUQUET_MODEL", "BOUQUET_API_KEY"):
         assert name in " ".join(shown.split()), name
+
+
+@pytest.mark.parametrize("mistake", ["folder_not_a_model", "relative_path_typo", "host_not_here"])
+def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
+    # What a new user mistypes ends `serve` at once, before any replica loads, with one line naming
+    # the real cause: a folder without config.json is no model (it used to be told "no safetensors
+    # weights ... --allow-pickle"), a path that does not exist is not a local directory (it used to read
+    # as a Hub lookup only), and an address of no interface here is --host's fault (it used to say
+    # "choose another --port"). 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address.
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("no model here")
+    args, expected = {
+        "folder_not_a_model": (["--model", str(folder)], f"error: {folder.resolve()} has no config.json: not a Hugging "
+                               "Face model folder (config.json, tokenizer.json, model.safetensors)"),
+        "relative_path_typo": (["--model", "models/no-such-model"], "error: model 'models/no-such-model' is not a local "
+                               "directory, nor (completely) in the local Hugging Face cache"),
+        "host_not_here": (["--host", "192.0.2.1"], "error: cannot listen on 192.0.2.1:"),
+    }[mistake]
+    port = free_port()
+    env = {"TMPDIR": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    t0 = time.monotonic()
+    code, out = serve_fails(*args, "--port", str(port), "--device", "cpu", env=env)
+    assert code == 1, out
+    assert last_line(out).startswith(expected), out
+    if mistake == "host_not_here":
+        assert last_line(out).endswith("(check --host: an address of this machine, or 0.0.0.0 for all)"), out
+    assert "loading" not in out and "Traceback" not in out, out  # no replica was started
+    assert time.monotonic() - t0 < 30
+    assert list(tmp_path.glob("bouquet-*/")) == []
