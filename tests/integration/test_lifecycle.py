@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bouquet.modelspec import resolve_model_path
-from helpers import REPO, BouquetProcess, free_port
+from helpers import REPO, BouquetProcess, GrpcServer, free_port
 
 
 def children(pid: int) -> list[int]:
@@ -182,4 +182,26 @@ def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
         assert last_line(out).endswith("(check --host: an address of this machine, or 0.0.0.0 for all)"), out
     assert "loading" not in out and "Traceback" not in out, out  # no replica was started
     assert time.monotonic() - t0 < 30
+    assert list(tmp_path.glob("bouquet-*/")) == []
+
+
+def test_grpc_port_held_by_another_replica_is_refused(tmp_path):
+    # gRPC sets SO_REUSEPORT by default: a second `bouquet server` (or `serve --grpc-port`) on a port a
+    # running replica holds used to bind it too, report ready and have the kernel split the gateways'
+    # connections between the two. Now it stops at once with one line naming the address.
+    held = GrpcServer()
+    try:
+        port = held.address.rsplit(":", 1)[1]
+        env = {**os.environ, "TMPDIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-m", "bouquet", "server", "--device", "cpu", "--port", port],
+                              capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert last_line(done.stderr) == (f"error: gRPC cannot listen on 127.0.0.1:{port}: the port is in use, or the "
+                                          "host is not an address of this machine"), done.stderr[-3000:]
+        code, out = serve_fails("--grpc-port", port, "--port", str(free_port()), "--device", "cpu",
+                                env={"TMPDIR": str(tmp_path)})
+        assert code == 1 and last_line(out).startswith("error: server replica on cpu: gRPC cannot listen on "), out
+        assert "Traceback" not in done.stderr + out
+    finally:
+        held.stop()
     assert list(tmp_path.glob("bouquet-*/")) == []
