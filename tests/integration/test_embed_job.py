@@ -220,6 +220,18 @@ def test_a_model_the_engine_refuses_leaves_the_output_folder_unwritten(tmp_path:
     assert json.loads((out / MANIFEST).read_text())["complete"]
 
 
+@pytest.mark.parametrize("device", ["gpu", "cpu:0", "cuda:x"])
+def test_a_bad_device_is_one_error_line(tmp_path: Path, device: str) -> None:
+    # `--device gpu` (what a new user types) ended in torch's RuntimeError and a traceback.
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"text": "hello"}\n')
+    p = subprocess.run(embed_cmd(str(inp), "-o", str(tmp_path / "out"), "--device", device), env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == f"error: --device must be one of auto, cpu, cuda (or cuda:N), got {device!r}"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # starts a local Ray cluster
 def test_ray_path_resumes_the_same_folder(stsb_input: Path, stsb_output_dir: Path, stsb_output: pa.Table,
                                           tmp_path: Path) -> None:
