@@ -155,9 +155,11 @@ def _hub_error(e: Exception, model: str, repo_id: str, rev: str | None, download
     if isinstance(e, RevisionNotFoundError):
         return HubError(f"model {repo_id!r} has no revision {rev!r} on the Hugging Face Hub ({endpoint})")
     if isinstance(e, LocalEntryNotFoundError):
-        where = f"is not (completely) in the local Hugging Face cache ({cache})"
+        cached = f"(completely) in the local Hugging Face cache ({cache})"
         if not download:
-            return HubError(f"model {name} {where}; `bouquet serve` downloads it before starting replicas")
+            return HubError(f"model {name} is not {cached}; `bouquet serve` downloads it before starting replicas")
+        # The launcher's --model may also be a mistyped relative path ("models/minilm"): say it is none.
+        where = f"is not a local directory, nor {cached},"
         offline = getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)()
         if offline:
             return HubError(f"model {name} {where} and HF_HUB_OFFLINE is set, so it cannot be downloaded")

@@ -11,6 +11,7 @@ single-model config (``ServeConfig.per_model``), and one gateway routes by ``mod
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -176,7 +177,11 @@ def bind_gateway_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror} (choose another --port)") from None
+        # A port in use (or below 1024 without the right) is the port's fault; a name that does not
+        # resolve or an address of no interface here (EADDRNOTAVAIL, gaierror) is the host's.
+        port_fault = e.errno in (errno.EADDRINUSE, errno.EACCES)
+        hint = "choose another --port" if port_fault else "check --host: an address of this machine, or 0.0.0.0 for all"
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror} ({hint})") from None
     sock.listen(2048)  # uvicorn's default backlog
     sock.set_inheritable(True)
     return sock
@@ -189,11 +194,12 @@ def localize_model(cfg: ServeConfig) -> ServeConfig:
     model is returned as is. Raises HubError/ModelError (one line naming the model), also when a
     replica started here would find only pickled weights and ``--allow-pickle`` is off."""
     from bouquet.hub import HubError, split_revision, weight_files
-    from bouquet.modelspec import resolve_model_path
+    from bouquet.modelspec import require_model_files, resolve_model_path
 
     # Replicas started here load weights; a gateway for remote replicas or the no-op engine does not.
     weights = cfg.engine == "torch" and not cfg.servers
     path = resolve_model_path(cfg.model, cfg.revision, download=True, allow_pickle=cfg.allow_pickle, weights=weights)
+    require_model_files(path)  # a folder that is no model says so, not that it lacks safetensors
     if weights:
         try:
             weight_files(path, cfg.allow_pickle)  # refuse now rather than in every replica

@@ -59,6 +59,18 @@ def resolve_model_path(model: str | None, revision: str | None = None, *, downlo
     return fetch_model(model, revision, download=download, allow_pickle=allow_pickle, weights=weights)
 
 
+def require_model_files(path: Path) -> None:
+    """Check that directory ``path`` holds the two files every model bouquet serves has, config.json and
+    tokenizer.json. Called before anything looks for weights, so that a folder that is no model at all
+    (a typo, a parent folder) is named as such rather than as one missing its safetensors.
+    Raises ModelError naming the missing file."""
+    if not (path / "config.json").exists():
+        raise ModelError(f"{path} has no config.json: not a Hugging Face model folder (config.json, tokenizer.json, "
+                         "model.safetensors)")
+    if not (path / "tokenizer.json").exists():
+        raise ModelError(f"{path} has no tokenizer.json (a fast tokenizer file is required)")
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """Raises ModelError naming the file when it is not valid JSON (or not UTF-8)."""
     try:
@@ -179,11 +191,8 @@ def _vocab_id(path: Path | None, token: str) -> int | None:
 def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     """Read a model directory into a ModelSpec. Raises ModelError with the offending file/value."""
     path = resolve_model_path(model)
+    require_model_files(path)
     cfg_path = path / "config.json"
-    if not cfg_path.exists():
-        raise ModelError(f"{path} has no config.json")
-    if not (path / "tokenizer.json").exists():
-        raise ModelError(f"{path} has no tokenizer.json (a fast tokenizer file is required)")
     modules = _read_json(path / "modules.json") if (path / "modules.json").exists() else []
     st_cfg_path = path / "config_sentence_transformers.json"
     st_cfg = _read_json(st_cfg_path) if st_cfg_path.exists() else {}

@@ -157,7 +157,11 @@ def suites() -> None:
 def _tool(name: str, module: str, what: str) -> None:
     def run(ctx: typer.Context) -> None:
         import importlib
+        import sys
 
+        # argparse names the program after sys.argv[0]: its usage and errors then read `bouquet bench
+        # NAME ...`, the command the user typed, instead of `bouquet ...`.
+        sys.argv[0] = f"bouquet bench {name}"
         code = importlib.import_module(f"bouquet.bench.tools.{module}").main(list(ctx.args))
         raise typer.Exit(code or 0)
 

@@ -81,7 +81,9 @@ def parse_inputs(value: Any, param: str, max_inputs: int) -> TextInputs:
                 raise bad_request(f"{param}[{i}] is an empty list of token ids", f"{param}[{i}]", "empty_input")
             _check_ids(v, f"{param}[{i}]")
         return TextInputs(None, list(value), False)
-    raise bad_request(f"{param}[0] must be a string, a token id or a list of token ids; got {json_type(first)}",
+    # "got a number" for 1.5 read as a contradiction (a token id is a number): show a float as written
+    got = f"{shown(first)}, not an integer" if isinstance(first, float) else json_type(first)
+    raise bad_request(f"{param}[0] must be a string, a token id or a list of token ids; got {got}",
                       f"{param}[0]", "invalid_type")
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from bouquet.config import MAX_BATCH_SEQS, QUANTIZATIONS, batch_token_budget
+from bouquet.config import DEVICES, DTYPES, MAX_BATCH_SEQS, QUANTIZATIONS, batch_token_budget
 from bouquet.jobs.packer import Group, Packer, run_pipelined
 from bouquet.jobs.reader import (InputFile, RowChunk, discover, estimate_rows, fingerprint, read_chunks,
                                  resolve_id_column)
@@ -69,6 +69,12 @@ class EmbedJobConfig:
             raise ValueError(f"--output-dtype must be float32 or float16, got {self.output_dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.dtype not in DTYPES:  # as `serve` words it (the engine's own check names no flag)
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        # Checked here, not by torch: torch.device("gpu") raised a RuntimeError with a traceback.
+        kind, colon, index = self.device.partition(":")
+        if kind not in DEVICES or (colon and (kind != "cuda" or not index.isdigit())):
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
         for name in ("threads", "tokenizer_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be ≥ 0 (0 = auto), got {getattr(self, name)}")

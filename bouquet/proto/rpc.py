@@ -32,11 +32,14 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 # Server side: accept the gateway's pings during long calls (the default policy answers pings
-# more often than every 5 minutes with GOAWAY).
+# more often than every 5 minutes with GOAWAY). SO_REUSEPORT off: gRPC sets it by default on Linux,
+# so a second replica started on a port another one holds bound it too and the kernel split the
+# gateways' connections between the two; off, that start fails with the address named.
 SERVER_OPTIONS = [
     *_MESSAGE_OPTIONS,
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.so_reuseport", 0),
 ]
 _METHODS: dict[str, tuple[Any, Any]] = {
     "Embed": (pb.EmbedRequest, pb.EmbedReply),

@@ -62,7 +62,11 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[ApiKeyInterceptor(cfg.api_key)] if cfg.api_key else None)
     add_servicer(server, service)
     add_health(server, lambda: service.ready and not service.draining)
-    port = server.add_insecure_port(f"{bind_host}:{cfg.grpc_port}")
+    try:
+        port = server.add_insecure_port(f"{bind_host}:{cfg.grpc_port}")
+    except RuntimeError:  # gRPC says only "Failed to bind", with no errno: name both causes
+        raise ValueError(f"gRPC cannot listen on {bind_host}:{cfg.grpc_port}: the port is in use, or the host is "
+                         "not an address of this machine") from None
     await server.start()
     ipc_server = None
     if ipc_path:

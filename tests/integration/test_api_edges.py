@@ -76,6 +76,7 @@ def test_error_messages_name_the_item_their_param_names(minilm_server):
         ({"input": [[101, big]]}, "input[0]", "invalid_token_id", "at position 1, out of range"),
         ({"input": "a", "dimensions": big}, "dimensions", "invalid_value", "out of range"),
         ({"input": "a", "dimensions": 4.0}, "dimensions", "invalid_type", "must be an integer"),
+        ({"input": [1.5]}, "input[0]", "invalid_type", "a token id or a list of token ids; got 1.5, not an integer"),
         ({"input": [101] * 600, "truncate": False}, "input", "context_length_exceeded", "input has 600 tokens"),
         ({"input": ["a", " ".join(["word"] * 600)], "truncate": False}, "input[1]", "context_length_exceeded",
          "input[1] has"),

@@ -220,6 +220,22 @@ def test_a_model_the_engine_refuses_leaves_the_output_folder_unwritten(tmp_path:
     assert json.loads((out / MANIFEST).read_text())["complete"]
 
 
+@pytest.mark.parametrize("flag,value,allowed", [("--device", "gpu", "auto, cpu, cuda (or cuda:N)"),
+                                                 ("--device", "cpu:0", "auto, cpu, cuda (or cuda:N)"),
+                                                 ("--device", "cuda:x", "auto, cpu, cuda (or cuda:N)"),
+                                                 ("--dtype", "fp16", "auto, float32, float16, bfloat16")])
+def test_a_bad_device_or_dtype_is_one_error_line(tmp_path: Path, flag: str, value: str, allowed: str) -> None:
+    # `--device gpu` (what a new user types) ended in torch's RuntimeError and a traceback; a bad
+    # --dtype is worded as `serve` words it.
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"text": "hello"}\n')
+    p = subprocess.run(embed_cmd(str(inp), "-o", str(tmp_path / "out"), flag, value), env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == f"error: {flag} must be one of {allowed}, got {value!r}"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # starts a local Ray cluster
 def test_ray_path_resumes_the_same_folder(stsb_input: Path, stsb_output_dir: Path, stsb_output: pa.Table,
                                           tmp_path: Path) -> None:

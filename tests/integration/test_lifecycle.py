@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bouquet.modelspec import resolve_model_path
-from helpers import REPO, BouquetProcess, free_port
+from helpers import REPO, BouquetProcess, GrpcServer, free_port
 
 
 def children(pid: int) -> list[int]:
@@ -153,3 +153,55 @@ def test_bad_environment_value_is_a_usage_error(tmp_path):
                            timeout=60, cwd=REPO).stdout
     for name in ("BOUQUET_HOST", "BOUQUET_PORT", "BOUQUET_DEVICE", "BOUQUET_MODEL", "BOUQUET_API_KEY"):
         assert name in " ".join(shown.split()), name
+
+
+@pytest.mark.parametrize("mistake", ["folder_not_a_model", "relative_path_typo", "host_not_here"])
+def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
+    # What a new user mistypes ends `serve` at once, before any replica loads, with one line naming
+    # the real cause: a folder without config.json is no model (it used to be told "no safetensors
+    # weights ... --allow-pickle"), a path that does not exist is not a local directory (it used to read
+    # as a Hub lookup only), and an address of no interface here is --host's fault (it used to say
+    # "choose another --port"). 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address.
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("no model here")
+    args, expected = {
+        "folder_not_a_model": (["--model", str(folder)], f"error: {folder.resolve()} has no config.json: not a Hugging "
+                               "Face model folder (config.json, tokenizer.json, model.safetensors)"),
+        "relative_path_typo": (["--model", "models/no-such-model"], "error: model 'models/no-such-model' is not a local "
+                               "directory, nor (completely) in the local Hugging Face cache"),
+        "host_not_here": (["--host", "192.0.2.1"], "error: cannot listen on 192.0.2.1:"),
+    }[mistake]
+    port = free_port()
+    env = {"TMPDIR": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    t0 = time.monotonic()
+    code, out = serve_fails(*args, "--port", str(port), "--device", "cpu", env=env)
+    assert code == 1, out
+    assert last_line(out).startswith(expected), out
+    if mistake == "host_not_here":
+        assert last_line(out).endswith("(check --host: an address of this machine, or 0.0.0.0 for all)"), out
+    assert "loading" not in out and "Traceback" not in out, out  # no replica was started
+    assert time.monotonic() - t0 < 30
+    assert list(tmp_path.glob("bouquet-*/")) == []
+
+
+def test_grpc_port_held_by_another_replica_is_refused(tmp_path):
+    # gRPC sets SO_REUSEPORT by default: a second `bouquet server` (or `serve --grpc-port`) on a port a
+    # running replica holds used to bind it too, report ready and have the kernel split the gateways'
+    # connections between the two. Now it stops at once with one line naming the address.
+    held = GrpcServer()
+    try:
+        port = held.address.rsplit(":", 1)[1]
+        env = {**os.environ, "TMPDIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-m", "bouquet", "server", "--device", "cpu", "--port", port],
+                              capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert last_line(done.stderr) == (f"error: gRPC cannot listen on 127.0.0.1:{port}: the port is in use, or the "
+                                          "host is not an address of this machine"), done.stderr[-3000:]
+        code, out = serve_fails("--grpc-port", port, "--port", str(free_port()), "--device", "cpu",
+                                env={"TMPDIR": str(tmp_path)})
+        assert code == 1 and last_line(out).startswith("error: server replica on cpu: gRPC cannot listen on "), out
+        assert "Traceback" not in done.stderr + out
+    finally:
+        held.stop()
+    assert list(tmp_path.glob("bouquet-*/")) == []

@@ -42,6 +42,10 @@ def test_a_tool_suite_gets_its_own_arguments() -> None:
     assert proc.returncode == 0 and "--tiny" in proc.stdout and "--only" in proc.stdout, proc.stderr
     proc = _bench("models-check", "out.json", "--no-such-flag")
     assert proc.returncode == 2 and "unrecognized arguments: --no-such-flag" in proc.stderr
+    # usage and errors name the command as typed (they said `usage: bouquet [-h] ...`)
+    proc = _bench("wrk")
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: bouquet bench wrk [-h] --url URL"), proc.stderr
+    assert "bouquet bench wrk: error: the following arguments are required: --url" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("name", sorted(TOOL_SUITES))
