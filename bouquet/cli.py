@@ -312,7 +312,8 @@ def embed(
     # The Ray path does not count tokens (they stay inside the actors): say so rather than print 0.
     tokens = f"{stats.tokens} tokens" if stats.tokens else "tokens not counted"
     tok_rate = f"{stats.tokens_per_s:,.0f} tokens/s" if stats.tokens else "tokens/s n/a"
-    typer.echo(f"embedded {stats.rows} rows ({tokens}) in {stats.seconds:.1f}s: {stats.rows_per_s:,.0f} rows/s, "
+    secs = f"{stats.seconds:.1f}s" if stats.seconds >= 10 else f"{stats.seconds:.3g}s"  # a small job: not "0.0s"
+    typer.echo(f"embedded {stats.rows} rows ({tokens}) in {secs}: {stats.rows_per_s:,.0f} rows/s, "
                f"{tok_rate}; {stats.shards_written} shards written, {stats.shards_skipped} already done", err=True)
 
 
