@@ -34,6 +34,7 @@ from bouquet.proto import bouquet_pb2 as pb
 from bouquet.tokenization import Encoded, Side, TooLong
 
 Activation = Literal["auto", "softmax", "sigmoid", "none"]
+_PLACEHOLDERS = re.compile(r"\{instruction\}|\{query\}")  # of a pair template's part before {document}
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,10 @@ def _templated(pairs: list[tuple[str, str]], first: int, gw: Gateway, template: 
     boundary (its end cut for ``side`` "right", its start for "left") until it fits."""
     tok, limit = gw.tokenizer, gw.tokenizer.max_len
     head_t, _, tail = template.partition("{document}")
-    head_of = {q: head_t.replace("{instruction}", instruction).replace("{query}", q) for q in dict.fromkeys(q for q, _ in pairs)}
+    # One pass over the template's own placeholders (as str.format fills them): the instruction's
+    # text is the client's, and a "{query}" in it is text, not a place for the query.
+    head_of = {q: _PLACEHOLDERS.sub(lambda m: instruction if m.group() == "{instruction}" else q, head_t)
+               for q in dict.fromkeys(q for q, _ in pairs)}
     heads = [head_of[q] for q, _ in pairs]
     docs = [d for _, d in pairs]
     if truncate:  # a huge document: only the window that its kept tokens come from
