@@ -31,7 +31,7 @@ from bouquet.gateway.core import Gateway, shard_of
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import Encoded, Side, TooLong
+from bouquet.tokenization import Encoded, NoRoom, Side, TooLong
 
 Activation = Literal["auto", "softmax", "sigmoid", "none"]
 _PLACEHOLDERS = re.compile(r"\{instruction\}|\{query\}")  # of a pair template's part before {document}
@@ -102,9 +102,10 @@ async def encode_pairs(gw: Gateway, queries: list[str], docs: list[str], *, trun
         where = fields.doc_at(e.index)
         raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
                           "(truncation is off)", where, "context_length_exceeded") from None
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception when the query leaves no room
-        raise bad_request(f"{fields.query}: the query does not fit the model's {gw.spec.max_seq_length} tokens with "
-                          f"any document: {e}", fields.query, "context_length_exceeded") from None
+    except NoRoom as e:  # the request field of that pair's query, as _templated names it
+        where = fields.query_at(e.index)
+        raise bad_request(f"{where}: the query of pair {e.index} does not fit the model's {gw.spec.max_seq_length} "
+                          f"tokens with any document: {e.detail}", where, "context_length_exceeded") from None
 
 
 def activate(logits: np.ndarray, fn: Activation = "auto") -> np.ndarray:
