@@ -71,3 +71,22 @@ def test_corrupt_message_is_invalid_argument_and_the_next_one_works(server, repl
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
     assert "not a valid bouquet.v1.EmbedRequest message" in (e.value.details() or ""), e.value.details()
     assert replica(pb.EmbedRequest(**GOOD), timeout=30).num_tokens == 4
+
+
+def test_pool_skip_refused_by_a_scoring_replica(tmp_path):
+    # A cross-encoder's head reads its [CLS] row: pool_skip moved it and changed the score, unasked
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    srv = GrpcServer("--model", str(make_tiny_model("bert-cross", tmp_path / "bert-cross")))
+    try:
+        with grpc.insecure_channel(srv.address) as ch:
+            embed = ch.unary_unary(f"/{SERVICE}/Embed", request_serializer=pb.EmbedRequest.SerializeToString,
+                                   response_deserializer=pb.EmbedReply.FromString)
+            pair = dict(input_ids=_i32(2, 8, 3, 9, 3), lengths=_i32(5), token_type_ids=_i32(0, 0, 0, 1, 1))
+            with pytest.raises(grpc.RpcError) as e:
+                embed(pb.EmbedRequest(**pair, pool_skip=2), timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+            assert "pool_skip applies to embedding models" in (e.value.details() or ""), e.value.details()
+            assert embed(pb.EmbedRequest(**pair), timeout=30).output.shape == [1, 1]
+    finally:
+        srv.stop()
