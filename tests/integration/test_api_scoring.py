@@ -113,6 +113,8 @@ def test_scoring_errors(cross_server):
         # a query that leaves its document no room names its item, as on the other models (was "text_1")
         ("/v1/score", {"text_1": ["a", "word " * 200], "text_2": ["b", "c"]}, "text_1[1]"),
         ("/v1/score", {"text_1": "word " * 200, "text_2": ["b", "c"]}, "text_1"),
+        # 31k characters: tokenized in shards where the gateway has several tokenizer threads (core.py run_sharded)
+        ("/v1/score", {"text_1": ["a"] * 59 + ["word " * 200], "text_2": ["cats eat fish " * 40] * 60}, "text_1[59]"),
     ]
     for path, body, param in cases:
         r = post(cross_server, path, body)
