@@ -50,6 +50,14 @@ class TooLong(ValueError):
         self.index, self.count, self.limit = index, count, limit
 
 
+class NoRoom(ValueError):
+    """Pair ``index``'s first text leaves its second no token within the model's limit."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        super().__init__(f"pair {index}: {detail}")
+        self.index, self.detail = index, detail
+
+
 @dataclass(frozen=True)
 class Encoded:
     ids: list[np.ndarray]  # int32 [len_i] each, special tokens included
@@ -118,6 +126,15 @@ def _spliced(items: list[Any], picked: list[int], on_picked: Any, on_rest: Any) 
         for i, r in zip(rest, on_rest([items[i] for i in rest])):
             out[i] = r
     return out
+
+
+def _pair(index: int, join: Any, *args: Any) -> Any:
+    """``join(*args)``; its failure (the first text leaves the second no room: a bare Exception from
+    ``tokenizers``, a ValueError from ``Template.wrap_pair``) as NoRoom for pair ``index``."""
+    try:
+        return join(*args)
+    except Exception as e:  # noqa: BLE001 - tokenizers' error type
+        raise NoRoom(index, str(e)) from None
 
 
 def _encode_ids(tok: Tokenizer, inputs: list[Any]) -> list[Any]:
@@ -267,7 +284,7 @@ class TextTokenizer:
     def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right", truncate: bool = True) -> Encoded:
         """(query, document) pairs → ids and token types; over-long pairs lose document tokens
         only (``only_second``), never query tokens. Raises TooLong when ``truncate`` is off, and
-        ValueError when a query alone leaves no room for its document.
+        NoRoom (the first such pair) when a query alone leaves no room for its document.
 
         Each side is tokenized once (a query shared by many pairs once in all) and the pair is put
         together by the tokenizer's own ``post_process`` (truncation, then the pair template),
@@ -284,13 +301,13 @@ class TextTokenizer:
             q_ids = {q: fast.ids(q) for q in unique}
             d_ids = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side)[1], lambda xs: [fast.ids(x) for x in xs])
             limit = self.max_len if truncate else None
-            built = [fast.template.wrap_pair(q_ids[q], d, limit, side) for (q, _), d in zip(pairs, d_ids)]
+            built = [_pair(i, fast.template.wrap_pair, q_ids[q], d, limit, side) for i, ((q, _), d) in enumerate(zip(pairs, d_ids))]
             return self._pairs_out([b[0] for b in built], [b[1] for b in built], truncate)
         join = self._truncating(side + "_pair") if truncate else self._plain
         q_encs = dict(zip(unique, self._plain.encode_batch_fast(unique, add_special_tokens=False)))
         d_encs = _spliced(docs, long_docs, lambda xs: self._bounded(xs, side, True)[1],
                           lambda xs: self._plain.encode_batch_fast(xs, add_special_tokens=False))
-        encs = [join.post_process(q_encs[q], d) for (q, _), d in zip(pairs, d_encs)]
+        encs = [_pair(i, join.post_process, q_encs[q], d) for i, ((q, _), d) in enumerate(zip(pairs, d_encs))]
         return self._pairs_out([e.ids for e in encs], [e.type_ids for e in encs], truncate)
 
     def _pairs_out(self, seqs: list[list[int]], types: list[list[int]], truncate: bool) -> Encoded:

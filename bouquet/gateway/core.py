@@ -21,7 +21,7 @@ from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
 from bouquet.modelspec import ModelSpec, resolve_prompt
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import BadTokenId, Encoded, TextTokenizer, TooLong
+from bouquet.tokenization import BadTokenId, Encoded, NoRoom, TextTokenizer, TooLong
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs); above it the
 # tokenizer (which releases the GIL) runs beside the event loop (docs/decisions.md, 2026-12-04).
@@ -192,13 +192,15 @@ class Gateway:
 
 def shard_of(encode: Callable[..., Encoded]) -> Callable[..., Encoded]:
     """``encode(items, *args)`` as a ``run_sharded`` shard function: ``(items, first, *args)``, a
-    TooLong naming the item's index in the whole request (``first`` + its index in the shard)."""
+    TooLong or NoRoom naming the item's index in the whole request (``first`` + its index in the shard)."""
 
     def run(items: list[Any], first: int, *args: Any) -> Encoded:
         try:
             return encode(items, *args)
         except TooLong as e:
             raise TooLong(first + e.index, e.count, e.limit) from None
+        except NoRoom as e:
+            raise NoRoom(first + e.index, e.detail) from None
 
     return run
 

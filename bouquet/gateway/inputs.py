@@ -159,3 +159,14 @@ def long_input_mode(body: dict[str, Any], default_truncate: bool) -> LongInput:
     if truncate is None:
         truncate = default_truncate
     return "truncate" if truncate else "error"
+
+
+def direction(body: dict[str, Any]) -> Literal["left", "right"]:
+    """TEI's ``truncation_direction``: ``Left`` / ``Right`` in any case, "right" when absent.
+    Raises APIError 400 for anything else ("" included)."""
+    v = opt_str(body, "truncation_direction")
+    if v is None:
+        return "right"
+    if v.lower() not in ("left", "right"):
+        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {shown(v)}", "truncation_direction", "invalid_value")
+    return "left" if v.lower() == "left" else "right"

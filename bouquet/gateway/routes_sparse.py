@@ -32,7 +32,7 @@ from starlette.responses import Response
 from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import APIError, bad_request, shown
 from bouquet.gateway.http import json_response
-from bouquet.gateway.inputs import long_input_mode, opt_int, opt_str, parse_inputs
+from bouquet.gateway.inputs import direction, long_input_mode, opt_int, opt_str, parse_inputs
 from bouquet.gateway.pipeline import embed
 
 Terms = tuple[np.ndarray, np.ndarray]  # (indices int64 [n] ascending, values float32 [n])
@@ -163,14 +163,6 @@ async def token_vectors(gw: Gateway, body: dict[str, Any], param: str, side: str
     return [r[1:, 1:] if gw.spec.token_heads else r for r in rows], tokens
 
 
-def _tei_direction(body: dict[str, Any]) -> str:
-    direction = (opt_str(body, "truncation_direction") or "right").lower()
-    if direction not in ("left", "right"):
-        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {shown(direction)}",
-                          "truncation_direction", "invalid_value")
-    return direction
-
-
 def _f32(a: np.ndarray) -> np.ndarray:
     """float32 and C-contiguous: what orjson serializes as an array, in float32's shortest form."""
     return np.ascontiguousarray(a, dtype=np.float32)
@@ -180,7 +172,7 @@ async def embed_sparse_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed_sparse``: ``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name``,
     plus ``top_k`` and ``threshold`` → ``[[{"index", "value"}, ...], ...]``. Raises APIError 424
     on a model without sparse output (TEI's answer), 400 for invalid fields."""
-    terms, _ = await sparse_vectors(gw, body, "inputs", _tei_direction(body))
+    terms, _ = await sparse_vectors(gw, body, "inputs", direction(body))
     # float32 values go out as float32 (shortest repr, ~9 digits), as on every other route
     return json_response([[{"index": i, "value": v} for i, v in zip(idx.tolist(), _f32(val))] for idx, val in terms])
 
@@ -189,7 +181,7 @@ async def embed_all_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed_all``: ``inputs``, ``truncate``, ``truncation_direction``, ``prompt_name`` →
     per input its token vectors ``[[[float, ...], ...], ...]`` (``token_vectors``). Raises
     APIError 424 on a scoring or SPLADE model, 400 for invalid fields."""
-    vecs, _ = await token_vectors(gw, body, "inputs", _tei_direction(body))
+    vecs, _ = await token_vectors(gw, body, "inputs", direction(body))
     return json_response([_f32(v) for v in vecs])
 
 

@@ -18,22 +18,13 @@ from bouquet.gateway.catalog import Catalog
 from bouquet.gateway.core import PRIORITIES, Gateway, item_param, tokenizer_threads
 from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 from bouquet.gateway.http import json_response
-from bouquet.gateway.inputs import TextInputs, check_dimensions, is_token_id, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.inputs import (TextInputs, check_dimensions, direction, is_token_id, long_input_mode, opt_bool,
+                                    opt_int, opt_str, parse_inputs)
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import PairFields, score_pairs
-from bouquet.tokenization import BadTokenId, Side
-
-
-def direction(body: dict[str, Any]) -> Side:
-    """``truncation_direction``: TEI spells it ``Left`` / ``Right``; any case is accepted. Raises APIError 400."""
-    v = opt_str(body, "truncation_direction")
-    if v is None:
-        return "right"
-    if v.lower() not in ("left", "right"):
-        raise bad_request(f"'truncation_direction' must be 'Left' or 'Right', got {shown(v)}", "truncation_direction", "invalid_value")
-    return "left" if v.lower() == "left" else "right"
+from bouquet.tokenization import BadTokenId
 
 
 async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:

@@ -31,9 +31,10 @@ from bouquet.gateway.core import Gateway, shard_of
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import Encoded, Side, TooLong
+from bouquet.tokenization import Encoded, NoRoom, Side, TooLong
 
 Activation = Literal["auto", "softmax", "sigmoid", "none"]
+_PLACEHOLDERS = re.compile(r"\{instruction\}|\{query\}")  # of a pair template's part before {document}
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,10 @@ async def encode_pairs(gw: Gateway, queries: list[str], docs: list[str], *, trun
         where = fields.doc_at(e.index)
         raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
                           "(truncation is off)", where, "context_length_exceeded") from None
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception when the query leaves no room
-        raise bad_request(f"{fields.query}: the query does not fit the model's {gw.spec.max_seq_length} tokens with "
-                          f"any document: {e}", fields.query, "context_length_exceeded") from None
+    except NoRoom as e:  # the request field of that pair's query, as _templated names it
+        where = fields.query_at(e.index)
+        raise bad_request(f"{where}: the query of pair {e.index} does not fit the model's {gw.spec.max_seq_length} "
+                          f"tokens with any document: {e.detail}", where, "context_length_exceeded") from None
 
 
 def activate(logits: np.ndarray, fn: Activation = "auto") -> np.ndarray:
@@ -130,7 +132,10 @@ def _templated(pairs: list[tuple[str, str]], first: int, gw: Gateway, template: 
     boundary (its end cut for ``side`` "right", its start for "left") until it fits."""
     tok, limit = gw.tokenizer, gw.tokenizer.max_len
     head_t, _, tail = template.partition("{document}")
-    head_of = {q: head_t.replace("{instruction}", instruction).replace("{query}", q) for q in dict.fromkeys(q for q, _ in pairs)}
+    # One pass over the template's own placeholders (as str.format fills them): the instruction's
+    # text is the client's, and a "{query}" in it is text, not a place for the query.
+    head_of = {q: _PLACEHOLDERS.sub(lambda m: instruction if m.group() == "{instruction}" else q, head_t)
+               for q in dict.fromkeys(q for q, _ in pairs)}
     heads = [head_of[q] for q, _ in pairs]
     docs = [d for _, d in pairs]
     if truncate:  # a huge document: only the window that its kept tokens come from

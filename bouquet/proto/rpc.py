@@ -11,6 +11,7 @@ import hmac
 from typing import Any, Awaitable, Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from bouquet.proto import bouquet_pb2 as pb
 
@@ -48,14 +49,31 @@ _METHODS: dict[str, tuple[Any, Any]] = {
 
 
 def add_servicer(server: grpc.aio.Server, impl: Any) -> None:
-    """Register ``impl.Embed`` and ``impl.Info`` (async methods taking (request, context))."""
+    """Register ``impl.Embed`` and ``impl.Info`` (async methods taking (request, context)). A request
+    that is not a valid message of its type gets INVALID_ARGUMENT (grpcio would answer UNKNOWN and
+    log a traceback)."""
     handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(impl, name), request_deserializer=req.FromString, response_serializer=rep.SerializeToString
-        )
+        name: grpc.unary_unary_rpc_method_handler(_parsed(getattr(impl, name), req),
+                                                  response_serializer=rep.SerializeToString)
         for name, (req, rep) in _METHODS.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+def _parsed(method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], message: Any) -> Any:
+    """``method`` taking the raw request bytes: parsed into ``message`` here, INVALID_ARGUMENT when
+    they are not one."""
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = message.FromString(raw)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request is not a valid {message.DESCRIPTOR.full_name} message: {e}")
+            raise AssertionError("unreachable: abort raises") from None
+        return await method(request, context)
+
+    return handler
 
 
 def bearer_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:

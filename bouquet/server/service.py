@@ -217,11 +217,15 @@ class InferenceService:
         outputs (``step_tokens``), one row per token. ``pool_skip``: leading tokens of every
         sequence (the prompt) left out of pooling; ``dimensions``: the Matryoshka size the caller
         will ask ``output`` for (checked here against ``per_token``). Raises QueueFull; RequestError
-        (INVALID_ARGUMENT) when ``pool_skip`` is negative, for an unknown ``priority``, and for
+        (INVALID_ARGUMENT) when ``pool_skip`` is negative or set for a scoring model, for an unknown ``priority``, and for
         ``dimensions`` with ``per_token``. A ``pool_skip`` covering a whole sequence is not an error
         (mean pooling then gives sentence-transformers' zero vector)."""
         if pool_skip < 0:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"pool_skip must be >= 0, got {pool_skip}")
+        if pool_skip and self.spec.task != "embed":  # a scoring head reads its own token: a skip would move it
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               "pool_skip applies to embedding models (a prompt left out of pooling), not to this "
+                               "scoring model")
         if priority not in (pb.PRIORITY_AUTO, pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BATCH):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"priority must be 0 (auto), 1 (interactive) or 2 (batch), got {priority}")

@@ -110,11 +110,20 @@ def test_scoring_errors(cross_server):
         ("/v1/score", {"text_1": "q", "text_2": ["a", DOCS[-1]], "truncate": False}, "text_2[1]"),
         ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
         ("/v1/score", {"text_1": [[101, 102]], "text_2": "x"}, "text_1"),
+        # a query that leaves its document no room names its item, as on the other models (was "text_1")
+        ("/v1/score", {"text_1": ["a", "word " * 200], "text_2": ["b", "c"]}, "text_1[1]"),
+        ("/v1/score", {"text_1": "word " * 200, "text_2": ["b", "c"]}, "text_1"),
+        # 31k characters: tokenized in shards where the gateway has several tokenizer threads (core.py run_sharded)
+        ("/v1/score", {"text_1": ["a"] * 59 + ["word " * 200], "text_2": ["cats eat fish " * 40] * 60}, "text_1[59]"),
     ]
     for path, body, param in cases:
         r = post(cross_server, path, body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+    msg = post(cross_server, "/v1/score", {"text_1": ["a", "word " * 200], "text_2": ["b", "c"]}).json()["error"]["message"]
+    assert msg.startswith("text_1[1]: the query of pair 1 does not fit"), msg
+    r = post(cross_server, "/predict", {"inputs": [["a", "b"], ["word " * 200, "c"]]})  # TEI's shape names it too
+    assert tei_error(r, 400)["error"].startswith("inputs[1][0]: the query of pair 1 does not fit"), r.text
     # the message says what the document is (it said "got null" for an object without 'text')
     for doc, got in (({"txt": "b"}, "got an object without 'text'"), ({"text": None}, "got 'text' as null"), (7, "got a number")):
         msg = post(cross_server, "/v1/rerank", {"query": "q", "documents": ["a", doc]}).json()["error"]["message"]

@@ -19,13 +19,19 @@ from helpers import GrpcServer
 
 
 @pytest.fixture(scope="module")
-def replica():
+def server():
     """`bouquet server` on the embedded all-MiniLM-L6-v2 (BERT: 2 token types, vocabulary 30,522)."""
     srv = GrpcServer()
-    with grpc.insecure_channel(srv.address) as ch:
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def replica(server):
+    """Its Embed method, taking and answering messages."""
+    with grpc.insecure_channel(server.address) as ch:
         yield ch.unary_unary(f"/{SERVICE}/Embed", request_serializer=pb.EmbedRequest.SerializeToString,
                              response_deserializer=pb.EmbedReply.FromString)
-    srv.stop()
 
 
 def _i32(*v: int) -> bytes:
@@ -53,3 +59,34 @@ def test_malformed_request_is_invalid_argument_and_the_next_one_works(replica, f
     assert re.search(message, e.value.details() or ""), e.value.details()
     reply = replica(pb.EmbedRequest(**GOOD, pool_skip=1), timeout=30)
     assert reply.num_tokens == 4 and len(reply.output.data) == 384 * 4  # one float32 vector of 384
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff\xff\x0f garbage", b"\x0a\x10short"])
+def test_corrupt_message_is_invalid_argument_and_the_next_one_works(server, replica, raw):
+    # bytes that are no EmbedRequest (a bad tag; a length past the end): grpcio answered UNKNOWN
+    # ("Unexpected DecodeError") and logged a traceback
+    with grpc.insecure_channel(server.address) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary(f"/{SERVICE}/Embed")(raw, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert "not a valid bouquet.v1.EmbedRequest message" in (e.value.details() or ""), e.value.details()
+    assert replica(pb.EmbedRequest(**GOOD), timeout=30).num_tokens == 4
+
+
+def test_pool_skip_refused_by_a_scoring_replica(tmp_path):
+    # A cross-encoder's head reads its [CLS] row: pool_skip moved it and changed the score, unasked
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    srv = GrpcServer("--model", str(make_tiny_model("bert-cross", tmp_path / "bert-cross")))
+    try:
+        with grpc.insecure_channel(srv.address) as ch:
+            embed = ch.unary_unary(f"/{SERVICE}/Embed", request_serializer=pb.EmbedRequest.SerializeToString,
+                                   response_deserializer=pb.EmbedReply.FromString)
+            pair = dict(input_ids=_i32(2, 8, 3, 9, 3), lengths=_i32(5), token_type_ids=_i32(0, 0, 0, 1, 1))
+            with pytest.raises(grpc.RpcError) as e:
+                embed(pb.EmbedRequest(**pair, pool_skip=2), timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+            assert "pool_skip applies to embedding models" in (e.value.details() or ""), e.value.details()
+            assert embed(pb.EmbedRequest(**pair), timeout=30).output.shape == [1, 1]
+    finally:
+        srv.stop()

@@ -86,6 +86,19 @@ def test_rerank_instruction_and_top_n(reranker):
     assert srv.embed("a").status_code == 400  # a scoring model refuses /v1/embeddings clearly
 
 
+def test_instruction_is_text_not_template(reranker):
+    # The instruction is the client's text: a "{query}" in it stays as written (str.format fills the
+    # model card's template once), and so do the query's braces; it was replaced by the query.
+    model_dir, srv = reranker
+    docs = ["alpha beta", "gamma"]
+    for instruction, query in (("Find {query} here", "gamma?"), ("{document} {instruction}", "q {query} {document}")):
+        r = httpx.post(srv.url + "/v1/score", json={"text_1": query, "text_2": docs, "instruction": instruction},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        ref = reference_p_yes(model_dir, query, docs, instruction)
+        np.testing.assert_allclose([d["score"] for d in r.json()["data"]], ref, atol=1e-4)
+
+
 def test_over_long_pairs_name_the_request_field(reranker):
     # The prompt template's pair: an over-long document with truncation off names its item; a query
     # that leaves no room names its field, as sent (one text_1 in a list is text_1[0] for every pair).

@@ -111,3 +111,15 @@ def test_instruction_refused_where_no_model_reads_it(cross_server, minilm_server
                            ("/v1/score", {"text_1": "q", "text_2": "d"})):
             r = httpx.post(srv.url + path, json={**body, "instruction": "Judge relevance"}, timeout=60)
             assert r.status_code == 400 and "instruction" in r.text, (srv.url, path, r.text)
+
+
+def test_truncation_direction_refused_alike_on_every_tei_route(minilm_server):
+    # /embed_all read "" as the default ("Right") where /embed and /rerank refuse it
+    for path in ("/embed", "/embed_all"):
+        for bad in ("", "Middle", 1):
+            err = tei_error(httpx.post(minilm_server.url + path, json={"inputs": "fox", "truncation_direction": bad},
+                                       timeout=60), 400)
+            assert "truncation_direction" in err["error"], (path, bad, err)
+        for ok in ("left", "RIGHT"):
+            r = httpx.post(minilm_server.url + path, json={"inputs": "fox", "truncation_direction": ok}, timeout=60)
+            assert r.status_code == 200, (path, ok, r.text[:200])
