@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import tokenizers
@@ -24,10 +23,10 @@ from tokenizers import Tokenizer, models
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
+from bouquet.text_window import FIRST_CHARS_PER_TOKEN, WINDOWED_CHARS_PER_TOKEN, Side, margin, same_end, window
 from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
-Side = Literal["left", "right"]
 log = logging.getLogger(__name__)
 
 
@@ -71,46 +70,6 @@ class Encoded:
             return parts[0]
         types = None if parts[0].type_ids is None else [t for p in parts for t in p.type_ids or []]
         return Encoded([x for p in parts for x in p.ids], types, sum(p.num_tokens for p in parts))
-
-
-# A window of text tokenized for ``keep`` kept tokens starts at (keep + margin) * _FIRST_CHARS_PER_TOKEN
-# characters (~1-1.5 characters per token in CJK, ~4.5 in English, for all three tokenizer kinds)
-# and grows by the characters per token it showed until it yields keep + margin tokens; the margin
-# holds the tokens that the cut can change. Texts shorter than _WINDOWED_CHARS_PER_TOKEN characters
-# per kept token are tokenized whole.
-_FIRST_CHARS_PER_TOKEN = 2
-_WINDOWED_CHARS_PER_TOKEN = 6
-# A word boundary for every tokenizer kind: a plain space after a non-space character (inside a run
-# of whitespace, BPE merges and Unigram's segmentation of the run depend on its length).
-_SPACE = re.compile(r"(?<=\S) ")
-
-
-def _margin(keep: int) -> int:
-    return 16 + keep // 16
-
-
-def _window(text: str, side: Side, chars: int) -> tuple[str, bool]:
-    """(the first (``right``) or last (``left``) ``chars`` characters of ``text``, whether the cut
-    is clean): all of the text when shorter (clean); else cut at a ``_SPACE`` within the window's
-    outer eighth when there is one (clean: the prefix ends before it, the suffix starts with it),
-    else at ``chars`` (not clean: inside a word or a run of whitespace)."""
-    if chars >= len(text):
-        return text, True
-    reach = max(1, chars // 8)
-    if side == "right":
-        last = None
-        for last in _SPACE.finditer(text, chars - reach, chars):
-            pass
-        if last is not None:
-            return text[:last.start()], True
-        return text[:chars], False
-    start = len(text) - chars
-    m = _SPACE.search(text, start, start + reach)
-    return (text[m.start():], True) if m is not None else (text[start:], False)
-
-
-def _same_end(a: list[int], b: list[int], keep: int, side: Side) -> bool:
-    return a[:keep] == b[:keep] if side == "right" else a[-keep:] == b[-keep:]
 
 
 def _spliced(items: list[Any], picked: list[int], on_picked: Any, on_rest: Any) -> list[Any]:
@@ -207,7 +166,7 @@ class TextTokenizer:
         """(parts, their ids without special tokens: lists, or ``tokenizers`` Encodings when
         ``encodings``): the part of each text that truncation to ``max_len`` on ``side`` keeps from:
         the whole text, or a window at that end (``_window``)
-        that yields at least ``max_len + _margin`` tokens, so that the kept tokens are those of
+        that yields at least ``max_len + margin`` tokens, so that the kept tokens are those of
         the whole text (tests/integration/test_tokenizer_equality.py checks this on every tokenizer kind).
 
         A window cut inside a run of non-space characters is tokenized a second time one character
@@ -216,8 +175,8 @@ class TextTokenizer:
         a word over 100 characters, or with one character outside its vocabulary, as one [UNK]
         wherever that character is, so for it such a cut is never kept: the window grows instead."""
         keep = self.max_len
-        need = keep + _margin(keep)
-        chars = [need * _FIRST_CHARS_PER_TOKEN] * len(texts)
+        need = keep + margin(keep)
+        chars = [need * FIRST_CHARS_PER_TOKEN] * len(texts)
         out: list[Any] = [None] * len(texts)
         parts = list(texts)
         todo = list(range(len(texts)))
@@ -225,7 +184,7 @@ class TextTokenizer:
             batch: list[str] = []
             slots = []
             for i in todo:
-                part, clean = _window(texts[i], side, chars[i])
+                part, clean = window(texts[i], side, chars[i])
                 parts[i] = part
                 slots.append((i, len(batch), len(part) == len(texts[i]), clean))
                 batch.append(part)
@@ -237,7 +196,7 @@ class TextTokenizer:
             todo = []
             for i, k, whole, clean in slots:
                 ids = seqs[k]
-                settled = clean or (not self._whole_words and _same_end(ids, seqs[k + 1], keep, side))
+                settled = clean or (not self._whole_words and same_end(ids, seqs[k + 1], keep, side))
                 if whole or (len(ids) >= need and settled):
                     out[i] = encs[k]
                 else:  # too few tokens: grow by the characters per token seen; an unsettled cut: double
@@ -258,7 +217,7 @@ class TextTokenizer:
 
     def _windowed(self, texts: list[str]) -> list[int]:
         """Indices of the texts long enough that tokenizing a window of them pays."""
-        limit = (self.max_len + _margin(self.max_len)) * _WINDOWED_CHARS_PER_TOKEN
+        limit = (self.max_len + margin(self.max_len)) * WINDOWED_CHARS_PER_TOKEN
         return [i for i, t in enumerate(texts) if len(t) > limit]
 
     def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:

@@ -1,0 +1,48 @@
+"""Where a long text's kept tokens come from: the window at the kept end that ``TextTokenizer``
+tokenizes instead of the whole text when truncation is on (bouquet/tokenization.py, ``_bounded``).
+Pure string work; no tokenizer here."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+Side = Literal["left", "right"]
+
+# A window of text tokenized for ``keep`` kept tokens starts at (keep + margin) * FIRST_CHARS_PER_TOKEN
+# characters (~1-1.5 characters per token in CJK, ~4.5 in English, for all three tokenizer kinds)
+# and grows by the characters per token it showed until it yields keep + margin tokens; the margin
+# holds the tokens that the cut can change. Texts shorter than WINDOWED_CHARS_PER_TOKEN characters
+# per kept token are tokenized whole.
+FIRST_CHARS_PER_TOKEN = 2
+WINDOWED_CHARS_PER_TOKEN = 6
+# A word boundary for every tokenizer kind: a plain space after a non-space character (inside a run
+# of whitespace, BPE merges and Unigram's segmentation of the run depend on its length).
+_SPACE = re.compile(r"(?<=\S) ")
+
+
+def margin(keep: int) -> int:
+    return 16 + keep // 16
+
+
+def window(text: str, side: Side, chars: int) -> tuple[str, bool]:
+    """(the first (``right``) or last (``left``) ``chars`` characters of ``text``, whether the cut
+    is clean): all of the text when shorter (clean); else cut at a ``_SPACE`` within the window's
+    outer eighth when there is one (clean: the prefix ends before it, the suffix starts with it),
+    else at ``chars`` (not clean: inside a word or a run of whitespace)."""
+    if chars >= len(text):
+        return text, True
+    reach = max(1, chars // 8)
+    if side == "right":
+        last = None
+        for last in _SPACE.finditer(text, chars - reach, chars):
+            pass
+        if last is not None:
+            return text[:last.start()], True
+        return text[:chars], False
+    start = len(text) - chars
+    m = _SPACE.search(text, start, start + reach)
+    return (text[m.start():], True) if m is not None else (text[start:], False)
+
+
+def same_end(a: list[int], b: list[int], keep: int, side: Side) -> bool:
+    return a[:keep] == b[:keep] if side == "right" else a[-keep:] == b[-keep:]
