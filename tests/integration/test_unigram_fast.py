@@ -8,6 +8,7 @@ files it does not reproduce refused.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -94,6 +95,16 @@ def test_same_ids_on_random_unicode(hf: Tokenizer, fast: FastUnigram) -> None:
     texts += ["".join(r.choice(block) if r.random() < 0.8 else " " for _ in range(r.randrange(1, 60))) for _ in range(10_000)]
     bad = _bad(hf, fast, texts)
     assert not bad, f"{len(bad)} of {len(texts)} differ, first {bad[0]!r}"
+
+
+def test_same_ids_on_whitespace_runs(hf: Tokenizer, fast: FastUnigram) -> None:
+    """Every run of up to four of these whitespace, control and zero-width characters (and a
+    letter), alone, between letters and before one: where tokie's BPE differs (a newline, space,
+    newline run), its Unigram must not."""
+    chars = ["\n", " ", "\t", "\r", "\x0b", "\x0c", "\u3000", "\xa0", "\u2028", "\x85", "a", "\u200b"]
+    runs = ["".join(c) for n in range(1, 5) for c in itertools.product(chars, repeat=n)]
+    bad = _bad(hf, fast, [t for r in runs for t in (r, f"x{r}y", f"{r}y")])
+    assert not bad, f"{len(bad)} differ, first {bad[0]!r}"
 
 
 def test_long_texts(hf: Tokenizer, fast: FastUnigram) -> None:
