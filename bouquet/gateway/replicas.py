@@ -152,6 +152,7 @@ class ReplicaPool:
         return "unavailable" if self.was_ready else "loading"
 
     async def _probe(self, r: Replica) -> None:
+        was, said = r.healthy, r.last_error
         try:
             info = await r.stub.Info(pb.InfoRequest(), timeout=2.0)
             if isinstance(r.calls, IpcChannel) and info.ready:
@@ -164,6 +165,12 @@ class ReplicaPool:
         except grpc.aio.AioRpcError as e:
             hint = " (give the gateway the replica's API key: BOUQUET_API_KEY)" if e.code() == grpc.StatusCode.UNAUTHENTICATED else ""
             r.healthy, r.last_error = False, f"{e.code().name}: {e.details()}{hint}"
+        # Changes only (the loop probes an unhealthy replica 4 times a second): a --server address
+        # with nothing listening, or a replica that went away, is in the log and not only in /health.
+        if r.healthy and not was:
+            log.info("replica %s ready", r.address)
+        elif not r.healthy and r.last_error != said and r.last_error != "loading":
+            log.warning("replica %s not usable: %s", r.address, r.last_error)
 
     async def check_health(self) -> None:
         self._probed_at = time.monotonic()

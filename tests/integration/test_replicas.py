@@ -104,7 +104,8 @@ def test_gateway_workers_share_external_replicas(three_replicas, standalone_serv
 
 
 def test_no_replica_left_is_a_quick_503():
-    gw = BouquetProcess("--server", f"127.0.0.1:{free_port()}", wait_for=(503,))
+    address = f"127.0.0.1:{free_port()}"
+    gw = BouquetProcess("--server", address, wait_for=(503,))
     try:
         t0 = time.monotonic()
         r = httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
@@ -112,6 +113,9 @@ def test_no_replica_left_is_a_quick_503():
         assert time.monotonic() - t0 < 5
         h = health(gw)
         assert h["replicas"][0]["healthy"] is False and h["status"] == "loading"  # never ready: not "unavailable"
+        # the log says so too, once (the address is probed 4 times a second, logged on a change only)
+        said = [line for line in gw.log().splitlines() if f"replica {address} not usable: UNAVAILABLE" in line]
+        assert 1 <= len(said) <= 2, gw.log()[-2000:]
     finally:
         gw.stop()
 
