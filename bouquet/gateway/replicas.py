@@ -104,7 +104,8 @@ class ReplicaPool:
     api_key: str | None = field(default=None, repr=False)
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
-    _probed_at: float = 0.0  # time.monotonic() of the last health check
+    _probed_at: float = 0.0  # time.monotonic() at which the last health check ended
+    _probing: "asyncio.Future[None] | None" = None  # the health check in flight, which callers join
     was_ready: bool = False  # a replica has answered ready at least once (``status``)
     _coalescer: Coalescer = field(init=False)
 
@@ -129,6 +130,8 @@ class ReplicaPool:
     async def close(self) -> None:
         if self._health_task:
             self._health_task.cancel()
+        if self._probing is not None:
+            self._probing.cancel()
         for r in self.replicas:
             r.calls.close()
             await r.channel.close()
@@ -173,8 +176,16 @@ class ReplicaPool:
             log.warning("replica %s not usable: %s", r.address, r.last_error)
 
     async def check_health(self) -> None:
-        self._probed_at = time.monotonic()
-        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        """Probe every replica; a check already in flight is joined, not doubled."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._probe_all())
+        await asyncio.shield(self._probing)
+
+    async def _probe_all(self) -> None:
+        try:
+            await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        finally:
+            self._probed_at = time.monotonic()
 
     async def _health_loop(self) -> None:
         while True:
@@ -243,10 +254,11 @@ class ReplicaPool:
         deadline = time.monotonic() + self.request_timeout_s
         while True:
             r = self._pick(tried)
-            if r is None and not tried and time.monotonic() - self._probed_at > RECHECK_S:
+            if r is None and not tried and (not self.was_ready or time.monotonic() - self._probed_at > RECHECK_S):
                 # none healthy as of the last poll: ask again before refusing. With several gateway
                 # workers, one worker's /health can turn 200 while another's poll (every 0.25 s
-                # until a replica is ready) has not yet seen that replica finish loading.
+                # until a replica is ready) has not yet seen that replica finish loading; until one
+                # has been seen ready, a poll that just ended may predate it, so ask whatever its age.
                 await self.check_health()
                 r = self._pick(tried)
             if r is None:
