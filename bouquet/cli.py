@@ -112,7 +112,9 @@ def _with_replica_options(command: Callable[..., None]) -> Callable[..., None]:
         replica["model"], replica["models"] = (models[0] if models else None), tuple(models) if len(models) > 1 else ()
         command(**values, replica=replica)
 
-    params = own + shared
+    # --model first in --help (what a new user looks for), then the command's own options
+    model = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in shared if p.name == "model"]
+    params = model + own + [p for p in shared if p.name != "model"]
     run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # what typer reads
     run.__annotations__ = {p.name: p.annotation for p in params}
     return run
