@@ -15,6 +15,10 @@ Side = Literal["left", "right"]
 # per kept token are tokenized whole.
 FIRST_CHARS_PER_TOKEN = 2
 WINDOWED_CHARS_PER_TOKEN = 6
+# A cut inside a word is kept only when the windows 1 .. UNCLEAN_CHECKS characters longer agree with it
+# on the kept tokens: Unigram's segmentation of a run can depend on its length by a period longer
+# than 2 ("x" * n by n mod 3; "ab" * n by n mod 4 in XLM-R, where n and n + 1 can agree and n + 2 not).
+UNCLEAN_CHECKS = 4
 # A word boundary for every tokenizer kind: a plain space after a non-space character (inside a run
 # of whitespace, BPE merges and Unigram's segmentation of the run depend on its length).
 _SPACE = re.compile(r"(?<=\S) ")

@@ -23,7 +23,8 @@ from tokenizers import Tokenizer, models
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
-from bouquet.text_window import FIRST_CHARS_PER_TOKEN, WINDOWED_CHARS_PER_TOKEN, Side, margin, same_end, window
+from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN, Side, margin, same_end,
+                                 window)
 from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
@@ -169,9 +170,10 @@ class TextTokenizer:
         that yields at least ``max_len + margin`` tokens, so that the kept tokens are those of
         the whole text (tests/integration/test_tokenizer_equality.py checks this on every tokenizer kind).
 
-        A window cut inside a run of non-space characters is tokenized a second time one character
-        longer and kept only when both agree on the kept tokens: Unigram's best segmentation of a
-        long word can depend on where the word ends ("x" * n, by n mod 3, in XLM-R). WordPiece reads
+        A window cut inside a run of non-space characters is tokenized again 1 .. ``UNCLEAN_CHECKS``
+        characters longer and kept only when all agree on the kept tokens: Unigram's best segmentation
+        of a long word can depend on where the word ends ("x" * n by n mod 3, "ab" * n by n mod 4 in
+        XLM-R, where one character longer agrees and two do not). WordPiece reads
         a word over 100 characters, or with one character outside its vocabulary, as one [UNK]
         wherever that character is, so for it such a cut is never kept: the window grows instead."""
         keep = self.max_len
@@ -189,14 +191,16 @@ class TextTokenizer:
                 slots.append((i, len(batch), len(part) == len(texts[i]), clean))
                 batch.append(part)
                 if not clean and not self._whole_words:
-                    n = len(part) + 1
-                    batch.append(texts[i][:n] if side == "right" else texts[i][len(texts[i]) - n:])
+                    for n in range(len(part) + 1, min(len(part) + UNCLEAN_CHECKS, len(texts[i])) + 1):
+                        batch.append(texts[i][:n] if side == "right" else texts[i][len(texts[i]) - n:])
             encs = self._plain.encode_batch_fast(batch, add_special_tokens=False) if encodings else self.plain_ids(batch)
             seqs = [e.ids for e in encs] if encodings else encs
             todo = []
             for i, k, whole, clean in slots:
                 ids = seqs[k]
-                settled = clean or (not self._whole_words and same_end(ids, seqs[k + 1], keep, side))
+                extra = min(UNCLEAN_CHECKS, len(texts[i]) - len(parts[i]))
+                settled = clean or (not self._whole_words and all(same_end(ids, seqs[k + j], keep, side)
+                                                                  for j in range(1, extra + 1)))
                 if whole or (len(ids) >= need and settled):
                     out[i] = encs[k]
                 else:  # too few tokens: grow by the characters per token seen; an unsettled cut: double

@@ -94,6 +94,8 @@ def cases() -> list[str]:
         "한국어 텍스트입니다. 서울은 큰 도시입니다. " * 300,
         "😀🎉👍🏽👨‍👩‍👧‍👦🇫🇷" * 700,
         *("x" * n for n in (6_000, 6_001, 6_002)),  # XLM-R's segmentation of a run depends on n mod 3
+        # ... and of "abab..." on n mod 4 (n, n + 1 alike, n + 2 not): a cut checked one character longer took it
+        *((u * 3_002)[:n] for u in ("ab", "!?", "-1") for n in range(6_000, 6_004)),
         ("a\x00b\x01c\x7f\u200b\u200d\ufeff tab\there\nnewline\r\n\x0b\x0c end café ﬁ ＡＢＣ e\u0301 " * 150),
         ("مرحبا بالعالم " + "Ωmega naïve 12345678901234567890 " + "<|endoftext|> [CLS] </s> ") * 150,
         "   " * 1500 + prose(5_000) + "\n\n\n" * 1200,
