@@ -106,6 +106,7 @@ class ReplicaPool:
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() at which the last health check ended
     _probing: "asyncio.Future[None] | None" = None  # the health check in flight, which callers join
+    _probe_began: float = 0.0  # time.monotonic() at which ``_probing`` began
     was_ready: bool = False  # a replica has answered ready at least once (``status``)
     _coalescer: Coalescer = field(init=False)
 
@@ -175,11 +176,18 @@ class ReplicaPool:
         elif not r.healthy and r.last_error != said and r.last_error != "loading":
             log.warning("replica %s not usable: %s", r.address, r.last_error)
 
-    async def check_health(self) -> None:
-        """Probe every replica; a check already in flight is joined, not doubled."""
-        if self._probing is None or self._probing.done():
-            self._probing = asyncio.ensure_future(self._probe_all())
-        await asyncio.shield(self._probing)
+    async def check_health(self, since: float = 0.0) -> None:
+        """Probe every replica; a check already in flight is joined, not doubled. ``since``
+        (time.monotonic()): a check in flight that began before it may have asked before a
+        replica turned ready, so another follows it."""
+        while True:
+            if self._probing is None or self._probing.done():
+                self._probe_began = time.monotonic()
+                self._probing = asyncio.ensure_future(self._probe_all())
+            began = self._probe_began
+            await asyncio.shield(self._probing)
+            if began >= since:
+                return
 
     async def _probe_all(self) -> None:
         try:
@@ -258,8 +266,9 @@ class ReplicaPool:
                 # none healthy as of the last poll: ask again before refusing. With several gateway
                 # workers, one worker's /health can turn 200 while another's poll (every 0.25 s
                 # until a replica is ready) has not yet seen that replica finish loading; until one
-                # has been seen ready, a poll that just ended may predate it, so ask whatever its age.
-                await self.check_health()
+                # has been seen ready, a poll that just ended (or one in flight) may predate it, so ask
+                # whatever its age.
+                await self.check_health(0.0 if self.was_ready else time.monotonic())
                 r = self._pick(tried)
             if r is None:
                 if queue_full:

@@ -176,11 +176,10 @@ def test_kill_9_one_replica_under_200_concurrent_requests(three_replicas, texts,
     assert sum(r["healthy"] for r in after.values()) == 2
 
 
-def test_a_pool_that_has_not_yet_seen_its_replica_ready_asks_again_before_refusing() -> None:
-    """With several gateway workers, one worker's /health can answer 200 while another worker's
-    pool last polled its replica before that replica finished loading: its first request got 503
-    (CI, test_ctrl_c_stops_cleanly[2]). A pool with no healthy replica now probes again before it
-    refuses. The stale view is set by hand on a pool of a real, ready replica."""
+def _infer_after_stale_view(stale) -> np.ndarray:
+    """One request's rows from a pool of a real, ready replica after ``stale(pool)`` set by hand the
+    view of a poll made while the replica loaded. A 503 fails the test with its message."""
+    from bouquet.gateway.errors import APIError
     from bouquet.gateway.replicas import ReplicaPool
 
     replica = GrpcServer()
@@ -190,16 +189,43 @@ def test_a_pool_that_has_not_yet_seen_its_replica_ready_asks_again_before_refusi
             await pool.start()
             try:
                 assert pool.ready
-                pool.replicas[0].healthy = False  # the view of a poll made while the replica loaded
-                pool._probed_at = time.monotonic() - 1.0
+                stale(pool)
                 return await pool.infer([np.array([101, 7592, 102], dtype=np.int32)])
+            except APIError as e:
+                raise AssertionError(f"{e.status} from a ready replica: {e}") from None
             finally:
                 await pool.close()
 
-        rows = asyncio.run(run())
-        assert rows.shape[0] == 1 and np.isfinite(rows).all()
+        return asyncio.run(run())
     finally:
         replica.stop()
+
+
+def test_a_pool_that_has_not_yet_seen_its_replica_ready_asks_again_before_refusing() -> None:
+    """With several gateway workers, one worker's /health can answer 200 while another worker's
+    pool last polled its replica before that replica finished loading: its first request got 503
+    (CI, test_ctrl_c_stops_cleanly[2]). A pool with no healthy replica now probes again before it
+    refuses."""
+    def stale(pool) -> None:
+        pool.replicas[0].healthy = False
+        pool._probed_at = time.monotonic() - 1.0
+
+    rows = _infer_after_stale_view(stale)
+    assert rows.shape[0] == 1 and np.isfinite(rows).all()
+
+
+def test_a_pool_that_has_not_yet_seen_its_replica_ready_does_not_trust_a_check_begun_before_the_request() -> None:
+    """The check a request joins may have asked before the replica turned ready (the health loop's,
+    in flight when the request came): it answers "not ready", and the request got 503 from a
+    ready replica. The check begun before is awaited, then another is made. Here the earlier check
+    is one that ends 0.2 s later and leaves the replica unhealthy."""
+    def stale(pool) -> None:
+        pool.replicas[0].healthy, pool.was_ready = False, False
+        pool._probing = asyncio.ensure_future(asyncio.sleep(0.2))  # that poll, still in flight
+        pool._probe_began = time.monotonic() - 0.1
+
+    rows = _infer_after_stale_view(stale)
+    assert rows.shape[0] == 1 and np.isfinite(rows).all()
 
 
 def test_health_says_unavailable_when_a_ready_replica_is_gone() -> None:
