@@ -88,13 +88,15 @@ def _spliced(items: list[Any], picked: list[int], on_picked: Any, on_rest: Any) 
     return out
 
 
-def _pair(index: int, join: Any, *args: Any) -> Any:
-    """``join(*args)``; its failure (the first text leaves the second no room: a bare Exception from
-    ``tokenizers``, a ValueError from ``Template.wrap_pair``) as NoRoom for pair ``index``."""
+def _pair(index: int, join: Any, query: Any, *args: Any) -> Any:
+    """``join(query, *args)``; its failure (the query leaves the document no room: a bare Exception
+    from ``tokenizers``, a ValueError from ``Template.wrap_pair``) as NoRoom for pair ``index``, in
+    one wording for both (``query``: its ids or its Encoding)."""
     try:
-        return join(*args)
-    except Exception as e:  # noqa: BLE001 - tokenizers' error type
-        raise NoRoom(index, str(e)) from None
+        return join(query, *args)
+    except Exception:  # noqa: BLE001 - tokenizers' error type
+        n = len(getattr(query, "ids", query))
+        raise NoRoom(index, f"its {n} tokens and the pair template's leave the document none") from None
 
 
 def _encode_ids(tok: Tokenizer, inputs: list[Any]) -> list[Any]:

@@ -1,4 +1,4 @@
-"""XLM-R's Unigram through ``tokie`` (~30x less CPU per text than ``tokenizers`` 0.23 here), for the
+"""XLM-R's Unigram through ``tokie`` (3-7x less CPU per text than ``tokenizers`` 0.23 here), for the
 one tokenizer.json shape it is tested to reproduce; every other file stays on ``tokenizers``.
 
 The shape is the one transformers writes for XLM-R and the models built on its vocabulary

@@ -58,6 +58,12 @@ class Replica:
                 "cancelled_sequences": i.cancelled_sequences if i else None, "error": self.last_error or None}
 
 
+def _kind(error: str) -> str:
+    """A replica error's kind for the log's "on a change" test: the gRPC status name before the
+    colon (gRPC words one fault several ways: "Socket closed", "Connection reset by peer")."""
+    return error.partition(":")[0]
+
+
 def chunk_bounds(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
     """[start, end) index ranges of consecutive sequences, each of at most ``chunk_tokens`` tokens
     (a single longer sequence forms its own chunk). Order is kept: chunk k precedes chunk k+1."""
@@ -173,7 +179,7 @@ class ReplicaPool:
         # with nothing listening, or a replica that went away, is in the log and not only in /health.
         if r.healthy and not was:
             log.info("replica %s ready", r.address)
-        elif not r.healthy and r.last_error != said and r.last_error != "loading":
+        elif not r.healthy and _kind(r.last_error) != _kind(said) and r.last_error != "loading":
             log.warning("replica %s not usable: %s", r.address, r.last_error)
 
     async def check_health(self, since: float = 0.0) -> None:
