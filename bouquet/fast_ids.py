@@ -1,7 +1,8 @@
 """What the faster tokenizer paths share (bouquet/bpe_fast.py: tiktoken for byte-level BPE,
 bouquet/wordpiece_fast.py and bouquet/unigram_fast.py: tokie for BERT's WordPiece and XLM-R's
 Unigram): the post-processor as fixed ids around the text's (``Template``), the added tokens cut
-out of the raw text first, as ``tokenizers`` does, and the refusal (``Ineligible``) of a ``tokenizer.json`` part they do not reproduce exactly.
+out of the raw text first, as ``tokenizers`` does, the refusal (``Ineligible``) of a
+``tokenizer.json`` part they do not reproduce exactly, and tokie's loading and fallbacks.
 
 ``tokenizers`` stays the reference: each path is used only for files whose ids it is tested to
 reproduce (tests/integration/test_bpe_fast.py, test_wordpiece_fast.py, test_unigram_fast.py), and
@@ -222,8 +223,9 @@ def tokie_of(path: str) -> Any:
 
 
 def reference_of(tokenizer: Any) -> Any:
-    """``tokenizer`` itself where it neither truncates nor pads (as TextTokenizer's), else a copy
-    that does neither (a copy of XLM-R's 17 MB file costs ~1 s)."""
+    """``tokenizer`` itself where it neither truncates nor pads (as TextTokenizer's, which never sets
+    either on it afterwards: it truncates through copies), else a copy that does neither (a copy of
+    XLM-R's 17 MB file costs ~1 s)."""
     if tokenizer.truncation is None and tokenizer.padding is None:
         return tokenizer
     copy = type(tokenizer).from_str(tokenizer.to_str())
