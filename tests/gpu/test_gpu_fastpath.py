@@ -266,7 +266,9 @@ def test_replica_graph_counters_count_real_replays(tmp_path: Path) -> None:
 
     # The embedded all-MiniLM-L6-v2 (real weights): random full-size weights can overflow in bf16,
     # which the gateway answers with 422 (non-finite result) before any graph is replayed.
-    srv = BouquetProcess(device="cuda")
+    # One gateway worker and one replica: on a 16-core host the default layout spreads four
+    # requests over 12 workers and 2 replicas, and neither replica may see the bucket twice.
+    srv = BouquetProcess("--gateway-workers", "1", "--replicas-per-gpu", "1", device="cuda")
     try:
         # One sequence of the same length each time, so one bucket: first sight eager, second
         # captured and replayed, then replayed (the warm-up batch has two sequences: another bucket).
