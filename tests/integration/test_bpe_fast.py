@@ -292,10 +292,16 @@ def test_text_over_http_equals_its_token_ids(qwen3_server) -> None:
         ref.enable_truncation(256, direction=side)
         ids = [e.ids for e in ref.encode_batch(texts)]
         assert ids[-1][-1] == QWEN_EOS and len(ids[-1]) == 256
-        r_text = proc.embed(texts, truncation_side=side)
-        r_ids = proc.embed(ids)
-        assert r_text.status_code == 200 and r_ids.status_code == 200, (r_text.text, r_ids.text)
-        assert r_text.json()["usage"]["prompt_tokens"] == r_ids.json()["usage"]["prompt_tokens"] == sum(map(len, ids))
-        a = np.asarray([d["embedding"] for d in r_text.json()["data"]], dtype=np.float32)
-        b = np.asarray([d["embedding"] for d in r_ids.json()["data"]], dtype=np.float32)
-        assert np.allclose(a, b, atol=1e-6), side
+        assert_text_equals_its_ids(proc, texts, ids, side)
+
+
+def assert_text_equals_its_ids(proc: BouquetProcess, texts: list[str], ids: list[list[int]], side: str) -> None:
+    """/v1/embeddings of ``texts`` (truncated on ``side``) and of their reference ``ids``: both 200,
+    the same token counts, the same vectors."""
+    r_text = proc.embed(texts, truncation_side=side)
+    r_ids = proc.embed(ids)
+    assert r_text.status_code == 200 and r_ids.status_code == 200, (r_text.text, r_ids.text)
+    assert r_text.json()["usage"]["prompt_tokens"] == r_ids.json()["usage"]["prompt_tokens"] == sum(map(len, ids))
+    a = np.asarray([d["embedding"] for d in r_text.json()["data"]], dtype=np.float32)
+    b = np.asarray([d["embedding"] for d in r_ids.json()["data"]], dtype=np.float32)
+    assert np.allclose(a, b, atol=1e-6), side

@@ -15,7 +15,6 @@ import sys
 import unicodedata
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -23,7 +22,7 @@ from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer
 from bouquet.unigram_fast import MAX_CHARS, FastUnigram, Ineligible, fast_unigram
 from tests.helpers import BouquetProcess
-from tests.integration.test_bpe_fast import _prose, _random_text, _sts, hard_texts
+from tests.integration.test_bpe_fast import _prose, _random_text, _sts, assert_text_equals_its_ids, hard_texts
 from tests.integration.test_tokenizer_equality import _package_file
 from tests.integration.test_wordpiece_fast import assert_pairs_unchanged, assert_texts_unchanged
 
@@ -224,10 +223,4 @@ def test_text_over_http_equals_its_token_ids(xlmr_server) -> None:
         ref.enable_truncation(512, direction=side)
         ids = [e.ids for e in ref.encode_batch(texts)]
         assert len(ids[-3]) == 512 and ids[-2] == [0, 2]
-        r_text = proc.embed(texts, truncation_side=side)
-        r_ids = proc.embed(ids)
-        assert r_text.status_code == 200 and r_ids.status_code == 200, (r_text.text, r_ids.text)
-        assert r_text.json()["usage"]["prompt_tokens"] == r_ids.json()["usage"]["prompt_tokens"] == sum(map(len, ids))
-        a = np.asarray([d["embedding"] for d in r_text.json()["data"]], dtype=np.float32)
-        b = np.asarray([d["embedding"] for d in r_ids.json()["data"]], dtype=np.float32)
-        assert np.allclose(a, b, atol=1e-6), side
+        assert_text_equals_its_ids(proc, texts, ids, side)
