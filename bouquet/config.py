@@ -127,6 +127,9 @@ class ServeConfig:
     transport: Transport = "auto"
     # Set by the launcher, parallel to ``servers``: each local replica's Unix socket ("" = none).
     ipc_paths: tuple[str, ...] = ()
+    # Set by the launcher, parallel to ``servers``: the GPU each local replica runs on ("cuda:0";
+    # "" = unknown or not a GPU). Replicas on one GPU share its compute: batch work goes to one of them.
+    replica_gpus: tuple[str, ...] = ()
     gateway_workers: int = 0  # gateway processes; 0 = sized to the machine (bouquet/layout.py)
     tokenizer_threads: int = 0  # per gateway worker; 0 = sized to the machine (bouquet/layout.py)
     layout: str = ""  # how `serve` chose the three above, one line (logged, and in /info); set by the launcher
@@ -240,6 +243,8 @@ class ServeConfig:
                 raise ConfigError("--server serves one model; with several --model let `serve` start the replicas")
         if self.ipc_paths and len(self.ipc_paths) != len(self.servers):
             raise ConfigError(f"ipc_paths has {len(self.ipc_paths)} entries for {len(self.servers)} servers")
+        if self.replica_gpus and len(self.replica_gpus) != len(self.servers):
+            raise ConfigError(f"replica_gpus has {len(self.replica_gpus)} entries for {len(self.servers)} servers")
         for name in ("timeout_keep_alive", "timeout_connect_idle", "timeout_headers", "timeout_body", "timeout_read_gap"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (seconds), got {getattr(self, name)}")
@@ -281,7 +286,7 @@ class ServeConfig:
     @classmethod
     def from_json(cls, text: str) -> "ServeConfig":
         raw = json.loads(text)
-        for k in ("models", "served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths", "cors_allow_origins"):
+        for k in ("models", "served_model_name", "servers", "gpus", "capture_buckets", "ipc_paths", "replica_gpus", "cors_allow_origins"):
             raw[k] = tuple(raw.get(k) or ())
         return cls(**raw).validate()
 

@@ -61,6 +61,18 @@ def replica_devices(cfg: ServeConfig) -> list[str]:
     return [cfg.device] * (cfg.replicas * per_gpu)
 
 
+def replica_gpu(device: str) -> str:
+    """The GPU a local replica started on ``device`` runs on ("cuda:0"), "" for a CPU replica.
+    ``cuda`` and ``auto`` (on a host with a GPU) are the replica's current device, cuda:0."""
+    from bouquet.layout import visible_gpus
+
+    if device.startswith("cuda:"):
+        return device
+    if device == "cuda" or (device == "auto" and visible_gpus() > 0):
+        return "cuda:0"
+    return ""
+
+
 def resolve_layout(cfg: ServeConfig, specs: "list[ModelSpec]") -> ServeConfig:
     """``cfg`` with gateway workers, replicas per GPU and tokenizer threads chosen for this machine
     where the flags left them at 0 (bouquet/layout.py), and ``layout`` saying how."""
@@ -245,7 +257,7 @@ def serve(cfg: ServeConfig) -> int:
         pending = iter(spawned)
         for c, spec in zip(entries, specs):
             if c.servers:
-                addresses, paths = list(c.servers), [""] * len(c.servers)
+                addresses, paths, gpus = list(c.servers), [""] * len(c.servers), [""] * len(c.servers)
             else:
                 try:
                     groups.append(await_bound(next(pending)))
@@ -253,9 +265,10 @@ def serve(cfg: ServeConfig) -> int:
                     raise RuntimeError(f"{e} (model {c.model})" if len(entries) > 1 else str(e)) from None
                 group_models.append(c.model or spec.model_id)  # None: the embedded default, named by its id
                 addresses, paths = [r.address for r in groups[-1]], [r.ipc_path for r in groups[-1]]
+                gpus = [replica_gpu(r.device) for r in groups[-1]]
             log.info("model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")
-            gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths)))
+            gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths), replica_gpus=tuple(gpus)))
     except BaseException:
         stop_replicas([r for g in spawned for r in g])  # bound or not: await_bound's copies share the processes
         sock.close()

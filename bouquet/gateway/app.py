@@ -66,7 +66,8 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
     executor = ThreadPoolExecutor(tokenizer_threads(cfg), thread_name_prefix="bouquet-tok")
     metrics = GatewayMetrics()
     gateways = [Gateway(c, spec, ReplicaPool(list(c.servers), c.chunk_tokens, c.interactive_max_tokens,
-                                             ipc_paths=list(c.ipc_paths), api_key=c.api_key),
+                                             ipc_paths=list(c.ipc_paths), gpus=list(c.replica_gpus),
+                                             api_key=c.api_key),
                         TextTokenizer(spec), public_id, names, executor=executor, metrics=metrics)
                 for (c, spec), (public_id, names) in zip(models, model_names(models))]
     catalog = Catalog.of(gateways)

@@ -268,7 +268,9 @@ def test_replica_graph_counters_count_real_replays(tmp_path: Path) -> None:
     # which the gateway answers with 422 (non-finite result) before any graph is replayed.
     # One gateway worker and one replica: on a 16-core host the default layout spreads four
     # requests over 12 workers and 2 replicas, and neither replica may see the bucket twice.
-    srv = BouquetProcess("--gateway-workers", "1", "--replicas-per-gpu", "1", device="cuda")
+    # --dtype bfloat16: the suite's conftest sets BOUQUET_DTYPE=float32 for every server it starts
+    # (its CPU references are fp32), and fp32 on CUDA runs eagerly: no graph to count.
+    srv = BouquetProcess("--gateway-workers", "1", "--replicas-per-gpu", "1", "--dtype", "bfloat16", device="cuda")
     try:
         # One sequence of the same length each time, so one bucket: first sight eager, second
         # captured and replayed, then replayed (the warm-up batch has two sequences: another bucket).

@@ -82,6 +82,17 @@ def test_visible_gpus(tmp_path: Path) -> None:
     assert visible_gpus({}, tmp_path / "missing") == 0
 
 
+def test_replica_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which GPU a local replica runs on: the pool sends batch chunks to one replica per GPU."""
+    from bouquet.launcher import replica_gpu
+
+    assert replica_gpu("cuda:1") == "cuda:1" and replica_gpu("cuda") == "cuda:0" and replica_gpu("cpu") == ""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert replica_gpu("auto") == ""  # no GPU: a CPU replica, never grouped
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert replica_gpu("auto") == "cuda:0"
+
+
 def test_machine_facts_here() -> None:
     m = machine_facts("cpu", (), remote=False)
     assert m.cpus == len(os.sched_getaffinity(0)) and m.gpus == 0 and m.memory_bytes > GiB

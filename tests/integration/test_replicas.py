@@ -72,6 +72,37 @@ def test_large_request_is_spread_and_reassembled(three_replicas, texts, referenc
         np.testing.assert_allclose(three_replicas.vectors([texts[i]])[0], ours[i], atol=2e-5)
 
 
+def test_batch_chunks_take_one_replica_per_gpu(three_replicas, texts, reference):
+    """Replicas sharing a GPU time-slice it: a batch-priority request's chunks go to one replica of
+    each GPU, interactive ones to any. The real replicas of ``three_replicas`` (CPU; the GPU labels
+    are the pool's only view of where a replica runs) behind an in-process pool."""
+    from bouquet.gateway.replicas import ReplicaPool
+    from bouquet.proto import bouquet_pb2 as pb
+    from bouquet.modelspec import load_spec
+    from bouquet.tokenization import TextTokenizer
+
+    addresses = [r["address"] for r in health(three_replicas)["replicas"]]
+    seqs = TextTokenizer(load_spec(None)).encode(texts[:200]).ids
+
+    async def run() -> tuple[dict[str, int], dict[str, int], np.ndarray]:
+        pool = ReplicaPool(addresses, chunk_tokens=64, gpus=["cuda:0", "cuda:0", "cuda:1"])
+        await pool.start()
+        try:
+            rows = await pool.infer(seqs, priority=pb.PRIORITY_BATCH)
+            batch = {r.address: r.served_chunks for r in pool.replicas}
+            await pool.infer(seqs[:40], priority=pb.PRIORITY_INTERACTIVE)
+            both = {r.address: r.served_chunks for r in pool.replicas}
+            return batch, both, rows
+        finally:
+            await pool.close()
+
+    batch, both, rows = asyncio.run(run())
+    first, second, other = addresses
+    assert batch[second] == 0 and batch[first] > 0 and batch[other] > 0, batch  # cuda:0's second sat out
+    assert both[second] > 0, both  # interactive chunks may use it
+    assert cosine_rows(rows, reference[:200]).min() >= 0.9999
+
+
 @pytest.fixture(scope="module")
 def standalone_server():
     """`bouquet server`: one replica on a fixed address, as on a remote machine."""
