@@ -128,8 +128,11 @@ class ServeConfig:
     # Set by the launcher, parallel to ``servers``: each local replica's Unix socket ("" = none).
     ipc_paths: tuple[str, ...] = ()
     # Set by the launcher, parallel to ``servers``: the GPU each local replica runs on ("cuda:0";
-    # "" = unknown or not a GPU). Replicas on one GPU share its compute: batch work goes to one of them.
+    # "" = unknown or not a GPU).
     replica_gpus: tuple[str, ...] = ()
+    # Set by the launcher from the layout (bouquet/layout.py): batch-priority chunks go to one
+    # replica of each GPU (replicas sharing a GPU time-slice it).
+    batch_one_replica_per_gpu: bool = False
     gateway_workers: int = 0  # gateway processes; 0 = sized to the machine (bouquet/layout.py)
     tokenizer_threads: int = 0  # per gateway worker; 0 = sized to the machine (bouquet/layout.py)
     layout: str = ""  # how `serve` chose the three above, one line (logged, and in /info); set by the launcher

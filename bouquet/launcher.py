@@ -83,7 +83,8 @@ def resolve_layout(cfg: ServeConfig, specs: "list[ModelSpec]") -> ServeConfig:
     lay = choose_layout(machine, params, cfg.gateway_workers, cfg.replicas_per_gpu, cfg.tokenizer_threads,
                         models=len(specs))
     return cfg.replace(gateway_workers=lay.gateway_workers, replicas_per_gpu=lay.replicas_per_gpu,
-                       tokenizer_threads=lay.tokenizer_threads, layout=lay.reason)
+                       tokenizer_threads=lay.tokenizer_threads, layout=lay.reason,
+                       batch_one_replica_per_gpu=lay.batch_one_replica_per_gpu)
 
 
 def spawn_replicas(cfg: ServeConfig, host_replicas: int = 0) -> list[ReplicaProcess]:

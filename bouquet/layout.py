@@ -16,6 +16,10 @@ Why these numbers (measured on an H200 host with 16 cores, docs/decisions.md 202
   online queries: a second replica process per GPU adds a second Python host loop (64 clients:
   MiniLM 15,644 → 19,435 req/s, bge-base 10,368 → 17,770). Larger models are GPU-bound, and a
   second replica would only hold a second copy of the weights and graphs in GPU memory.
+- Bulk work on a GPU's two replicas: for models above ``HOST_BOUND_BULK_PARAMS`` batch-priority
+  chunks go to one of them (bge-base, 100 × 512 tokens: 4,888 emb/s, against 4,640 spread over
+  both; mixed lengths 9,667 vs 8,359); smaller models keep both (MiniLM, 100 × 256: 32,912 spread,
+  26,861 on one), the other replica of a GPU stays free for interactive requests either way.
 - On the CPU the model itself takes every core; one gateway worker per eight cores keeps up.
 """
 from __future__ import annotations
@@ -27,6 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SMALL_MODEL_PARAMS = 200_000_000  # at most this many parameters: two replicas per GPU when cores allow
+# Above this many parameters, replicas sharing a GPU leave batch work to one of them: a bulk step
+# then keeps the GPU busy and two replicas only time-slice it; below, a bulk step is host-bound and
+# both replicas' host loops help (docs/decisions.md, 2026-12-05).
+HOST_BOUND_BULK_PARAMS = 50_000_000
 CORES_PER_GPU_REPLICA = 2  # host cores one GPU replica keeps busy (event loop + spinning wait thread)
 CORES_PER_CPU_WORKER = 8  # CPU device: one gateway worker per this many cores
 MAX_TOKENIZER_THREADS = 8  # per gateway worker: the most shards one request's text is cut into (decisions 2026-12-05)
@@ -50,6 +58,7 @@ class Layout:
     replicas_per_gpu: int  # GPU replicas per GPU; on the CPU it multiplies --replicas (1 unless given)
     tokenizer_threads: int  # per gateway worker
     reason: str  # one line for the start-up log and /info
+    batch_one_replica_per_gpu: bool = False  # batch-priority chunks go to one replica of each GPU
 
     @property
     def tokenization_workers(self) -> int:
@@ -92,13 +101,15 @@ def choose_layout(machine: Machine, parameters: int, gateway_workers: int = 0, r
     free = cpus // workers if machine.local_replicas and machine.gpus == 0 else cpus - busy
     threads = tokenizer_threads or max(1, min(MAX_TOKENIZER_THREADS, free))
     where = (f"{machine.gpus} GPU(s)" if machine.gpus else "CPU") if machine.local_replicas else "remote replicas"
+    one_for_batch = bool(machine.local_replicas and machine.gpus and rpg > 1 and parameters > HOST_BOUND_BULK_PARAMS)
     reason = (f"{cpus} cores, {where}: {workers} gateway worker(s) × {threads} tokenizer thread(s), "
-              f"{rpg} replica(s) per {'GPU' if machine.gpus else 'device'} ({why})")
+              f"{rpg} replica(s) per {'GPU' if machine.gpus else 'device'} ({why})"
+              + (", batch work on one replica per GPU" if one_for_batch else ""))
     given = [f for f, v in (("--gateway-workers", gateway_workers), ("--replicas-per-gpu", replicas_per_gpu),
                             ("--tokenizer-threads", tokenizer_threads)) if v]
     if given:
         reason += "; as given: " + ", ".join(given)
-    return Layout(workers, rpg, threads, reason)
+    return Layout(workers, rpg, threads, reason, one_for_batch)
 
 
 def visible_gpus(environ: dict[str, str] | None = None, proc: Path = Path("/proc/driver/nvidia/gpus")) -> int:

@@ -169,7 +169,8 @@ TEI_INFO_RESPONSE = _obj({"model_id": _STR, "model_dtype": _STR, "quantization":
                           "max_input_length": _INT, "max_batch_tokens": _INT, "max_client_batch_size": _INT,
                           "auto_truncate": _BOOL, "tokenization_workers": _INT, "version": _STR,
                           "layout": _obj({"gateway_workers": _INT, "tokenizer_threads": _INT, "replicas": _INT,
-                                          "replicas_per_gpu": _INT, "chosen": _STR})})
+                                          "replicas_per_gpu": _INT, "batch_one_replica_per_gpu": _BOOL,
+                                          "chosen": _STR})})
 
 _STATUS_TEXT = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
                 411: "POST without Content-Length", 413: "Over a request limit: body, inputs, tokens or per-token output",

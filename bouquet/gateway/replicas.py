@@ -2,10 +2,10 @@
 
 A request's sequences are split into chunks of about ``chunk_tokens`` tokens; each chunk goes to
 the healthy replica with the fewest outstanding tokens; results are reassembled in input order.
-Batch-priority chunks skip all but one replica of each GPU (the first healthy one in the list):
-replicas sharing a GPU time-slice it, so bulk work spread over two of them ran slower than on one
-(bge-base on one GPU, 100 × 512 tokens: 4,390 vs 4,850 emb/s, docs/decisions.md), while the
-other replica stays free for interactive requests.
+With ``batch_one_per_gpu`` (the layout sets it for models whose bulk steps keep a GPU busy,
+bouquet/layout.py), batch-priority chunks skip all but one replica of each GPU (the first healthy
+one in the list): replicas sharing a GPU time-slice it, and the other stays free for interactive
+requests.
 Every chunk carries the request's priority, decided here from the whole request's size (a server
 sees only its chunk). A chunk whose replica fails (connection lost, replica draining) is retried
 on another replica; a chunk refused for a full queue tries the others. When none is left the
@@ -112,8 +112,9 @@ class ReplicaPool:
     # Parallel to ``addresses``: the replica's Unix socket on this host, "" for gRPC only.
     ipc_paths: list[str] = field(default_factory=list)
     # Parallel to ``addresses``: the GPU the replica runs on ("cuda:0"), "" when unknown (--server)
-    # or not a GPU; replicas of one GPU take batch-priority chunks on one of them (module docstring).
+    # or not a GPU.
     gpus: list[str] = field(default_factory=list)
+    batch_one_per_gpu: bool = False  # batch-priority chunks on one replica of each GPU (module docstring)
     # Sent with every gRPC call (Info, Embed): replicas started with a key refuse calls without it.
     api_key: str | None = field(default=None, repr=False)
     replicas: list[Replica] = field(default_factory=list)
@@ -279,7 +280,7 @@ class ReplicaPool:
         tokens = call.num_tokens
         tried: set[str] = set()
         queue_full = ""
-        batch = priority == pb.PRIORITY_BATCH
+        batch = self.batch_one_per_gpu and priority == pb.PRIORITY_BATCH
         deadline = time.monotonic() + self.request_timeout_s
         while True:
             r = self._pick(tried, batch)

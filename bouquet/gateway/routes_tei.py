@@ -190,6 +190,7 @@ async def info_route(models: Catalog) -> Response:
         "sha": None, "docker_label": None, "dimension": spec.dimension, "task": spec.task,
         "layout": {"gateway_workers": max(1, gw.cfg.gateway_workers), "tokenizer_threads": tokenizer_threads(gw.cfg),
                    "replicas": len(gw.cfg.servers), "replicas_per_gpu": max(1, gw.cfg.replicas_per_gpu),
+                   "batch_one_replica_per_gpu": gw.cfg.batch_one_replica_per_gpu,
                    "chosen": gw.cfg.layout or "as configured"},
     })
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bouquet.layout import (CORES_PER_GPU_REPLICA, MAX_TOKENIZER_THREADS, SMALL_MODEL_PARAMS, Layout, Machine, choose_layout, machine_facts,
+from bouquet.layout import (CORES_PER_GPU_REPLICA, HOST_BOUND_BULK_PARAMS, MAX_TOKENIZER_THREADS, SMALL_MODEL_PARAMS, Layout, Machine, choose_layout, machine_facts,
                             model_parameters, visible_gpus)
 from helpers import BouquetProcess
 
@@ -57,6 +57,9 @@ def test_rule(machine: Machine, params: int, want: tuple[int, int]) -> None:
     # GPU memory is not spent on a second copy of a large model
     if params > SMALL_MODEL_PARAMS:
         assert lay.replicas_per_gpu == 1
+    # two replicas of a GPU: bulk work on one of them unless the model's bulk steps are host-bound
+    assert lay.batch_one_replica_per_gpu == (lay.replicas_per_gpu > 1 and machine.gpus > 0 and params > HOST_BOUND_BULK_PARAMS)
+    assert ("batch work on one replica per GPU" in lay.reason) == lay.batch_one_replica_per_gpu
 
 
 def test_flags_win_and_are_named() -> None:

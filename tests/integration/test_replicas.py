@@ -84,8 +84,8 @@ def test_batch_chunks_take_one_replica_per_gpu(three_replicas, texts, reference)
     addresses = [r["address"] for r in health(three_replicas)["replicas"]]
     seqs = TextTokenizer(load_spec(None)).encode(texts[:200]).ids
 
-    async def run() -> tuple[dict[str, int], dict[str, int], np.ndarray]:
-        pool = ReplicaPool(addresses, chunk_tokens=64, gpus=["cuda:0", "cuda:0", "cuda:1"])
+    async def run(one_per_gpu: bool) -> tuple[dict[str, int], dict[str, int], np.ndarray]:
+        pool = ReplicaPool(addresses, chunk_tokens=64, gpus=["cuda:0", "cuda:0", "cuda:1"], batch_one_per_gpu=one_per_gpu)
         await pool.start()
         try:
             rows = await pool.infer(seqs, priority=pb.PRIORITY_BATCH)
@@ -96,11 +96,14 @@ def test_batch_chunks_take_one_replica_per_gpu(three_replicas, texts, reference)
         finally:
             await pool.close()
 
-    batch, both, rows = asyncio.run(run())
+    batch, both, rows = asyncio.run(run(True))
     first, second, other = addresses
     assert batch[second] == 0 and batch[first] > 0 and batch[other] > 0, batch  # cuda:0's second sat out
     assert both[second] > 0, both  # interactive chunks may use it
     assert cosine_rows(rows, reference[:200]).min() >= 0.9999
+    spread, _, rows = asyncio.run(run(False))  # a small model's layout: every replica takes batch work
+    assert all(spread[a] > 0 for a in addresses), spread
+    np.testing.assert_allclose(rows, reference[:200], atol=2e-5)
 
 
 @pytest.fixture(scope="module")
