@@ -245,15 +245,29 @@ def bench_throughput(target: Target, shape: ModelShape, s: Settings, rate: float
 
 
 def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed: int = 0) -> list[str]:
-    """``n`` texts of random whole-word vocabulary entries that tokenize to about ``tokens`` tokens
-    (or, for a (lo, hi) pair, to a length drawn uniformly from it per text)."""
+    """``n`` texts of random whole-word vocabulary entries that tokenize to ``tokens`` tokens, special
+    tokens included (or, for a (lo, hi) pair, to a length drawn uniformly from it per text), give or
+    take the last word's pieces. A byte-level BPE (Qwen3) splits many such words into two or three
+    pieces: each text is cut at the last whole word that fits, so a text row and a token-id row of
+    one length do the same model work."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
     words = [w for w, i in tok.get_vocab().items() if w.isalpha() and w.isascii() and i > 2000]
+    specials = len(tok.encode("a").ids) - len(tok.encode("a", add_special_tokens=False).ids)
     rng = np.random.default_rng(seed)
     lo, hi = tokens if isinstance(tokens, tuple) else (tokens, tokens)
-    return [" ".join(rng.choice(words, size=max(1, int(rng.integers(lo, hi + 1)) - 2))) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        want = max(1, int(rng.integers(lo, hi + 1)) - specials)
+        text = " ".join(rng.choice(words, size=want))  # at least ``want`` tokens: a word is one or more
+        enc = tok.encode(text, add_special_tokens=False)
+        if len(enc.ids) > want:
+            end = enc.offsets[want - 1][1]  # the last kept token's end: cut at the word boundary at or before it
+            cut = text.rfind(" ", 0, end + 1) if end < len(text) and text[end] != " " else end
+            text = text[:cut] if cut > 0 else text.split(" ", 1)[0]
+        out.append(text)
+    return out
 
 
 WARMUP_WINDOWS = 5  # benchmark 4: untimed windows at most, until one captures no new CUDA graph
