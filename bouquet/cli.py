@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from bouquet.bench.command import bench_app
+from bouquet.layout import MAX_TOKENIZER_THREADS
 from bouquet.config import (BODY_BYTES_PER_TOKEN, BODY_HEADROOM_BYTES, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, LOG_FORMAT,
                             MAX_BATCH_SEQS, ConfigError, ServeConfig)
 
@@ -171,7 +172,8 @@ def serve(
                                         "CPU-bound); all share the replicas. 0 = the cores the replicas leave free "
                                         "(logged at start, in /info)."),
     tokenizer_threads: int = typer.Option(_default("tokenizer_threads"), help="Tokenizer threads per gateway worker "
-                                          "(0 = cores / workers, at most 4)."),
+                                          "(0 = the cores the replicas leave free, on the CPU cores / workers; at most "
+                                          f"{MAX_TOKENIZER_THREADS})."),
     max_request_tokens: int = typer.Option(_default("max_request_tokens"), help="Most tokens per request, all its "
                                            "inputs together, after tokenization and truncation (413 beyond)."),
     max_request_bytes: int = typer.Option(_default("max_request_bytes"), help="Largest accepted request body (bytes); "

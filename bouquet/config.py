@@ -130,8 +130,8 @@ class ServeConfig:
     # Set by the launcher, parallel to ``servers``: the GPU each local replica runs on ("cuda:0";
     # "" = unknown or not a GPU).
     replica_gpus: tuple[str, ...] = ()
-    # Set by the launcher from the layout (bouquet/layout.py): batch-priority chunks go to one
-    # replica of each GPU (replicas sharing a GPU time-slice it).
+    # Set by the launcher from the layout (bouquet/layout.py) and this model's size: batch-priority
+    # chunks go to one replica of each GPU (replicas sharing a GPU time-slice it).
     batch_one_replica_per_gpu: bool = False
     gateway_workers: int = 0  # gateway processes; 0 = sized to the machine (bouquet/layout.py)
     tokenizer_threads: int = 0  # per gateway worker; 0 = sized to the machine (bouquet/layout.py)

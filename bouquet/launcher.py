@@ -233,15 +233,20 @@ def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
     from bouquet.gateway.catalog import model_names
     from bouquet.gateway.limits import GatewayConfig, HttpLimits, fit_connections
+    from bouquet.layout import HOST_BOUND_BULK_PARAMS, model_parameters
     from bouquet.modelspec import load_spec
 
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
     cfg = resolve_layout(cfg, specs)
     log.info("layout: %s", cfg.layout)
-    # per_model again: a fixed --grpc-port numbers each model's replicas after the previous model's
-    entries = [c.replace(model=e.model, revision=e.revision, served_model_name=e.served_model_name)
-               for c, e in zip(cfg.per_model(), entries)]
+    # per_model again: a fixed --grpc-port numbers each model's replicas after the previous model's.
+    # The layout is sized by the largest model; batch work on one replica per GPU is each model's own
+    # (a small model's bulk steps are host-bound beside a large one too).
+    entries = [c.replace(model=e.model, revision=e.revision, served_model_name=e.served_model_name,
+                         batch_one_replica_per_gpu=c.batch_one_replica_per_gpu
+                         and model_parameters(s.path) > HOST_BOUND_BULK_PARAMS)
+               for c, e, s in zip(cfg.per_model(), entries, specs)]
     model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
     # Until uvicorn takes over the signals, SIGTERM unwinds start-up like Ctrl-C does (the replicas
     # started so far are stopped, the work folder removed) instead of killing this process outright.

@@ -17,9 +17,10 @@ Why these numbers (measured on an H200 host with 16 cores, docs/decisions.md 202
   MiniLM 15,644 → 19,435 req/s, bge-base 10,368 → 17,770). Larger models are GPU-bound, and a
   second replica would only hold a second copy of the weights and graphs in GPU memory.
 - Bulk work on a GPU's two replicas: for models above ``HOST_BOUND_BULK_PARAMS`` batch-priority
-  chunks go to one of them (bge-base, 100 × 512 tokens: 4,888 emb/s, against 4,640 spread over
-  both; mixed lengths 9,667 vs 8,359); smaller models keep both (MiniLM, 100 × 256: 32,912 spread,
-  26,861 on one), the other replica of a GPU stays free for interactive requests either way.
+  chunks go to one of them and the other stays free for interactive requests (bge-base, 100 × 512
+  tokens: 4,888 emb/s, against 4,640 spread over both; mixed lengths 9,667 vs 8,359); smaller
+  models spread them over both (MiniLM, 100 × 256: 32,912 spread, 26,861 on one). With several
+  models the layout is sized by the largest, and this is decided per model (launcher.serve).
 - On the CPU the model itself takes every core; one gateway worker per eight cores keeps up.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Layout:
     replicas_per_gpu: int  # GPU replicas per GPU; on the CPU it multiplies --replicas (1 unless given)
     tokenizer_threads: int  # per gateway worker
     reason: str  # one line for the start-up log and /info
-    batch_one_replica_per_gpu: bool = False  # batch-priority chunks go to one replica of each GPU
+    batch_one_replica_per_gpu: bool = False  # batch-priority chunks go to one replica of each GPU (for the largest model)
 
     @property
     def tokenization_workers(self) -> int:
@@ -104,7 +105,9 @@ def choose_layout(machine: Machine, parameters: int, gateway_workers: int = 0, r
     one_for_batch = bool(machine.local_replicas and machine.gpus and rpg > 1 and parameters > HOST_BOUND_BULK_PARAMS)
     reason = (f"{cpus} cores, {where}: {workers} gateway worker(s) × {threads} tokenizer thread(s), "
               f"{rpg} replica(s) per {'GPU' if machine.gpus else 'device'} ({why})"
-              + (", batch work on one replica per GPU" if one_for_batch else ""))
+              + (", batch work on one replica per GPU" if one_for_batch else "")
+              # several models: the largest decides the line; each model's own size decides (launcher.serve)
+              + (f" for models over {HOST_BOUND_BULK_PARAMS / 1e6:.0f}M parameters" if one_for_batch and models > 1 else ""))
     given = [f for f, v in (("--gateway-workers", gateway_workers), ("--replicas-per-gpu", replicas_per_gpu),
                             ("--tokenizer-threads", tokenizer_threads)) if v]
     if given:

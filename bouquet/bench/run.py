@@ -249,11 +249,16 @@ def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed:
     tokens included (or, for a (lo, hi) pair, to a length drawn uniformly from it per text), give or
     take the last word's pieces. A byte-level BPE (Qwen3) splits many such words into two or three
     pieces: each text is cut at the last whole word that fits, so a text row and a token-id row of
-    one length do the same model work."""
+    one length do the same model work. One ``seed`` gives the same texts in every run."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
-    words = [w for w, i in tok.get_vocab().items() if w.isalpha() and w.isascii() and i > 2000]
+    # Count as a server does: a tokenizer.json may truncate and pad (all-MiniLM-L6-v2's: both to 128),
+    # which would hide a text's length and count padding as special tokens.
+    tok.no_truncation()
+    tok.no_padding()
+    # sorted by id: get_vocab()'s order is a hash map's, new in every call, and ``seed`` would not fix the texts
+    words = [w for w, i in sorted(tok.get_vocab().items(), key=lambda wi: wi[1]) if w.isalpha() and w.isascii() and i > 2000]
     specials = len(tok.encode("a").ids) - len(tok.encode("a", add_special_tokens=False).ids)
     rng = np.random.default_rng(seed)
     lo, hi = tokens if isinstance(tokens, tuple) else (tokens, tokens)

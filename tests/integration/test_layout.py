@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -141,5 +142,39 @@ def test_serve_flags_win() -> None:
             time.sleep(0.1)
         line = next(ln for ln in srv.log_path.read_text(errors="replace").splitlines() if "request_id=two-workers-404" in ln)
         assert "INFO bouquet.access:" in line and " 404 " in line, line
+    finally:
+        assert srv.stop() == 0
+
+
+def test_batch_on_one_replica_is_decided_per_model(tmp_path: Path) -> None:
+    """Several models share one layout, sized by the largest; where batch chunks go is each model's
+    own: a model of at most HOST_BOUND_BULK_PARAMS keeps both replicas of a GPU for batch work even
+    beside a larger one. Real `serve` with the no-op engine; CUDA_VISIBLE_DEVICES=0 makes the
+    launcher count one GPU (the replicas never touch it), and /health's per-replica ``chunks`` shows
+    where a batch-priority request's chunks went."""
+    from bouquet.modelspec import resolve_model_path
+
+    small = resolve_model_path(None)  # the real all-MiniLM-L6-v2: below the bound
+    big = tmp_path / "big"  # its files, with a weights header of 60M parameters (the no-op engine loads none)
+    shutil.copytree(small, big, ignore=shutil.ignore_patterns("*.safetensors"))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [60_000_000], "data_offsets": [0, 240_000_000]}}).encode()
+    (big / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    assert model_parameters(small) <= HOST_BOUND_BULK_PARAMS < model_parameters(big)
+    srv = BouquetProcess("--engine", "noop", "--model", str(small), "--model", str(big), "--served-model-name", "small",
+                         "--served-model-name", "big", "--replicas-per-gpu", "2", "--chunk-tokens", "64", device="auto",
+                         env={"CUDA_VISIBLE_DEVICES": "0"})
+    try:
+        chosen = httpx.get(srv.url + "/info", timeout=10).json()["layout"]["chosen"]
+        assert "batch work on one replica per GPU for models over 50M parameters" in chosen, chosen
+        texts = [f"text number {i} about rivers and mountains" for i in range(64)]
+        for name in ("small", "big"):
+            r = srv.embed(texts, model=name, priority="batch")
+            assert r.status_code == 200, r.text
+        chunks = {m["model"]: [r["chunks"] for r in m["replicas"]]
+                  for m in httpx.get(srv.url + "/health", timeout=10).json()["models"]}
+        assert chunks["big"][0] > 0 and chunks["big"][1] == 0, chunks  # one replica of the GPU takes batch work
+        assert all(c > 0 for c in chunks["small"]), chunks  # host-bound bulk: both
+        # /info describes the first model
+        assert httpx.get(srv.url + "/info", timeout=10).json()["layout"]["batch_one_replica_per_gpu"] is False
     finally:
         assert srv.stop() == 0
