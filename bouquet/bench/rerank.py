@@ -125,10 +125,12 @@ def bench_rerank(url: str, system: str, tokenizer: Path, rs: RerankSettings, sec
     gets a non-200 answer."""
     from tokenizers import Tokenizer
 
+    from bouquet.bench.run import vocab_words
+
     tok = Tokenizer.from_file(str(tokenizer))
     tok.no_padding()  # some tokenizer.json files pad or truncate (all-MiniLM-L6-v2's: to 128)
     tok.no_truncation()
-    words = [w for w, i in tok.get_vocab().items() if w.isalpha() and w.isascii() and i > 2000]
+    words = vocab_words(tok)
     rows = []
     for n in rs.docs:
         bodies = _bodies(tok, words, n, rs, 64, seed=n, model=model)

@@ -244,6 +244,13 @@ def bench_throughput(target: Target, shape: ModelShape, s: Settings, rate: float
     return rows
 
 
+def vocab_words(tok: Any) -> list[str]:
+    """A ``tokenizers.Tokenizer``'s whole-word ASCII vocabulary entries past the first 2,000 ids, in
+    id order (``get_vocab()``'s order is a hash map's, new in every process: a seed would not fix
+    the texts drawn from it)."""
+    return [w for w, i in sorted(tok.get_vocab().items(), key=lambda wi: wi[1]) if w.isalpha() and w.isascii() and i > 2000]
+
+
 def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed: int = 0) -> list[str]:
     """``n`` texts of random whole-word vocabulary entries that tokenize to ``tokens`` tokens, special
     tokens included (or, for a (lo, hi) pair, to a length drawn uniformly from it per text), give or
@@ -257,8 +264,7 @@ def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed:
     # which would hide a text's length and count padding as special tokens.
     tok.no_truncation()
     tok.no_padding()
-    # sorted by id: get_vocab()'s order is a hash map's, new in every call, and ``seed`` would not fix the texts
-    words = [w for w, i in sorted(tok.get_vocab().items(), key=lambda wi: wi[1]) if w.isalpha() and w.isascii() and i > 2000]
+    words = vocab_words(tok)
     specials = len(tok.encode("a").ids) - len(tok.encode("a", add_special_tokens=False).ids)
     rng = np.random.default_rng(seed)
     lo, hi = tokens if isinstance(tokens, tuple) else (tokens, tokens)
