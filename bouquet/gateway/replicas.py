@@ -224,8 +224,10 @@ class ReplicaPool:
         batch-priority chunk (``batch``) only the first such replica of each GPU competes."""
         cands = [r for r in self.replicas if r.healthy and r.address not in exclude]
         if batch:
-            seen: set[str] = set()
-            cands = [r for r in cands if not r.gpu or (r.gpu not in seen and not seen.add(r.gpu))]
+            first: dict[str, Replica] = {}  # each GPU's first candidate, in list order
+            for r in cands:
+                first.setdefault(r.gpu, r)
+            cands = [r for r in cands if not r.gpu or first[r.gpu] is r]
         return min(cands, key=lambda r: r.outstanding_tokens) if cands else None
 
     def resolve_priority(self, priority: int, total_tokens: int) -> int:
