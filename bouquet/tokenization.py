@@ -124,7 +124,9 @@ class TextTokenizer:
         # keeps one token of room for it.
         self.eos = spec.append_eos_id
         appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
-        self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
+        # tokens the gateway adds after tokenizer.json's own post-processor: 1 (the EOS) or 0
+        self.appended = 1 if self.eos is not None and not appends else 0
+        self.max_len = spec.max_seq_length - self.appended
         self._plain = base
         self._whole_words = isinstance(base.model, models.WordPiece)  # see _bounded
         path = str(spec.tokenizer_path)

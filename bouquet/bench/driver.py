@@ -24,6 +24,8 @@ from bouquet.bench.meta import source_commit
 from bouquet.bench.models import SHAPES, ModelShape, default_tokenizer, make_model_dir, tiny
 from bouquet.bench.rerank import RerankSettings, bench_rerank, cross_model_dir
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
+from bouquet.modelspec import load_spec
+from bouquet.tokenization import TextTokenizer
 
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5", "rerank")  # bench/README.md
@@ -155,7 +157,7 @@ def _embedding_suite(shape: ModelShape, opts: BenchOptions, rate: float, tok: Pa
     rng = np.random.default_rng(0)
     check_seqs = R.random_seqs(rng, [7, 128, 512, 33], shape.config["vocab_size"])
     ref = TransformersTarget(model_dir, opts.device)
-    texts = R.make_texts(str(tok), 64, s.conc_len)
+    texts = R.make_texts(str(tok), 64, s.conc_len, appended=served_appended(model_dir))
     res["model_dir"] = str(model_dir)
     for system in opts.systems:
         if system == "rerank-url":
@@ -270,13 +272,17 @@ def query_texts(opts: BenchOptions, model_dir: Path) -> list[str]:
     if opts.query_texts is not None:
         return [t for t in opts.query_texts.read_text(encoding="utf-8").splitlines() if t.strip()]
     lo, hi = opts.settings.query_tokens
-    return R.make_texts(str(model_dir / "tokenizer.json"), 2000, (lo, hi), seed=5)
+    return R.make_texts(str(model_dir / "tokenizer.json"), 2000, (lo, hi), seed=5, appended=served_appended(model_dir))
+
+
+def served_appended(model_dir: Path) -> int:
+    """Tokens a server of ``model_dir`` adds to each text after its tokenizer.json's special tokens
+    (``TextTokenizer.appended``): the texts of benchmarks 4 and 5 leave room for them, so that a
+    "512-token" text is 512 tokens in the engine, as the token-id rows beside it are."""
+    return TextTokenizer(load_spec(str(model_dir))).appended
 
 
 def _tokenize_like_gateway(model_dir: Path, texts: list[str]) -> list[np.ndarray]:
-    from bouquet.modelspec import load_spec
-    from bouquet.tokenization import TextTokenizer
-
     return TextTokenizer(load_spec(str(model_dir))).encode(texts).ids
 
 

@@ -251,12 +251,15 @@ def vocab_words(tok: Any) -> list[str]:
     return [w for w, i in sorted(tok.get_vocab().items(), key=lambda wi: wi[1]) if w.isalpha() and w.isascii() and i > 2000]
 
 
-def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed: int = 0) -> list[str]:
+def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed: int = 0,
+               appended: int = 0) -> list[str]:
     """``n`` texts of random whole-word vocabulary entries that tokenize to ``tokens`` tokens, special
     tokens included (or, for a (lo, hi) pair, to a length drawn uniformly from it per text), give or
     take the last word's pieces. A byte-level BPE (Qwen3) splits many such words into two or three
     pieces: each text is cut at the last whole word that fits, so a text row and a token-id row of
-    one length do the same model work. One ``seed`` gives the same texts in every run."""
+    one length do the same model work. ``appended``: tokens the server adds after the tokenizer's own
+    special tokens (``TextTokenizer.appended``: Qwen3-Embedding's <|endoftext|> where tokenizer.json
+    does not add it), counted in ``tokens`` too. One ``seed`` gives the same texts in every run."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
@@ -265,7 +268,7 @@ def make_texts(tokenizer_path: str, n: int, tokens: int | tuple[int, int], seed:
     tok.no_truncation()
     tok.no_padding()
     words = vocab_words(tok)
-    specials = len(tok.encode("a").ids) - len(tok.encode("a", add_special_tokens=False).ids)
+    specials = len(tok.encode("a").ids) - len(tok.encode("a", add_special_tokens=False).ids) + appended
     rng = np.random.default_rng(seed)
     lo, hi = tokens if isinstance(tokens, tuple) else (tokens, tokens)
     out = []

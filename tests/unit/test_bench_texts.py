@@ -60,3 +60,23 @@ def test_byte_level_bpe_texts_are_cut_to_the_asked_length(tmp_path: Path, trunca
         assert min(n) >= tokens - 3, (tokens, n)  # at most the last word's pieces short (a word is 1-4 of them)
     texts = make_texts(str(path), 40, (8, 600), seed=1)
     assert all(texts) and max(_lengths(path, texts)) <= 600
+
+
+def test_texts_leave_room_for_the_token_a_server_appends(tmp_path: Path) -> None:
+    """A Qwen3-Embedding server appends <|endoftext|> where its tokenizer.json does not (this one):
+    the bench's "N-token" texts must be N tokens as served, like the token-id rows beside them (they
+    were N + 1, which put half of the 512-token texts into the next bucket of the engine)."""
+    from bouquet.bench.driver import served_appended
+    from bouquet.bench.models import SHAPES, make_model_dir, tiny
+    from bouquet.modelspec import load_spec
+    from bouquet.tokenization import TextTokenizer
+
+    qwen_dir = make_model_dir(tiny(SHAPES["qwen3-0.6b"], layers=1, hidden=32, heads=2), tmp_path, _qwen())
+    assert served_appended(qwen_dir) == 1
+    assert served_appended(MINILM.parent) == 0  # WordPiece: [CLS] and [SEP] come from tokenizer.json
+    served = TextTokenizer(load_spec(str(qwen_dir)))
+    for tokens in (64, 512):
+        texts = make_texts(str(_qwen()), 40, tokens, seed=2, appended=served_appended(qwen_dir))
+        n = [len(x) for x in served.encode(texts).ids]
+        assert max(n) <= tokens and min(n) >= tokens - 3, (tokens, n)
+        assert all(int(x[-1]) == served.eos for x in served.encode(texts).ids)
