@@ -235,6 +235,7 @@ def serve(cfg: ServeConfig) -> int:
     from bouquet.gateway.limits import GatewayConfig, HttpLimits, fit_connections
     from bouquet.layout import HOST_BOUND_BULK_PARAMS, model_parameters
     from bouquet.modelspec import load_spec
+    from bouquet.tokenization import read_tokenizer
 
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
@@ -260,6 +261,11 @@ def serve(cfg: ServeConfig) -> int:
         for c in entries:
             if not c.servers:
                 spawned.append(spawn_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+        # Read each tokenizer.json here, while the replicas load: the gateway (each --gateway-workers
+        # process) reads it only after they are up, and uvicorn restarts a worker that fails to
+        # start, with a traceback each time, for as long as the launcher runs.
+        for spec in specs:
+            read_tokenizer(spec)
         pending = iter(spawned)
         for c, spec in zip(entries, specs):
             if c.servers:
