@@ -90,6 +90,15 @@ def test_malformed_jsonl_names_the_file_and_line(tmp_path: Path, body: str, mess
         rows_of(p)
 
 
+@pytest.mark.parametrize("name,body", [("h.csv", "id,text\n"), ("h.tsv", "id\ttext\n")])
+def test_csv_without_rows_is_named(tmp_path: Path, name: str, body: str) -> None:
+    # a header alone was told "h.csv has no column 'text'; its columns are []"
+    (tmp_path / name).write_text(body)
+    kind = name.rsplit(".", 1)[1].upper()
+    with pytest.raises(InputError, match=rf"{name}: cannot be read as {kind}: the file holds no rows$"):
+        resolve_id_column(discover(tmp_path / name), "text", None)
+
+
 def test_csv_and_tsv_cells_are_read_as_written(tmp_path: Path) -> None:
     """CSV has no types: pyarrow's inference read `0123` as the int 123 and `007` as 7."""
     (tmp_path / "a.csv").write_text('id,text\n0123,007\n123,1.50\n"0x1F","1e3"\n')
