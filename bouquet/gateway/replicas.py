@@ -298,8 +298,12 @@ class ReplicaPool:
                 if queue_full:
                     raise APIError(429, f"every replica's queue is full ({queue_full}); retry later",
                                    code="queue_full", headers={"Retry-After": "1"})
-                raise APIError(503, "no healthy inference replica is available; retry later", code="no_replica",
-                               headers={"Retry-After": "1"})
+                # a replica that answers but is still loading (start-up): say so, the first thing a new
+                # user sees when the request comes right after `bouquet serve`
+                loading = not self.was_ready and any(r.last_error == "loading" for r in self.replicas)
+                raise APIError(503, "the model is still loading; retry in a few seconds (GET /health answers 200 once "
+                               "it is ready)" if loading else "no healthy inference replica is available; retry later",
+                               code="no_replica", headers={"Retry-After": "1"})
             tried.add(r.address)
             r.outstanding_tokens += tokens
             try:
