@@ -191,8 +191,11 @@ def test_npy_output_and_resume_refusal(tmp_path: Path) -> None:
     assert out.column("id").to_pylist() == ["a", "b", "c", "d"]
     assert out.schema.field("vector").type == pa.list_(pa.float16(), 3)
     assert Manifest.open(tmp_path, settings).complete
-    with pytest.raises(ResumeError, match="output_dtype"):
+    with pytest.raises(ResumeError, match=r"holds a job with other settings: output_dtype 'float16' \(now 'float32'\); "):
         Manifest.open(tmp_path, {**settings, "output_dtype": "float32"})
+    with pytest.raises(ResumeError, match=r"other settings: the input files \(their list, sizes or modification times\), "
+                                          r"shard_rows 2 \(now 3\); use another --output or --overwrite$"):
+        Manifest.open(tmp_path, {**settings, "shard_rows": 3, "input": [["a.jsonl", 1, 2]]})
 
 
 def test_gpu_bench_runs_tiny_on_cpu(tmp_path: Path) -> None:
