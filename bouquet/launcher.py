@@ -319,7 +319,7 @@ def serve(cfg: ServeConfig) -> int:
         ucfg = GatewayConfig("bouquet.gateway.factory:app_from_env", limits, factory=True, workers=cfg.gateway_workers,
                              timeout_graceful_shutdown=5, **common)
         supervisor = DrainingSupervisor(ucfg, sockets=[sock])
-        run, stop = supervisor.run, supervisor.should_exit.set
+        run, stop, stopping = supervisor.run, supervisor.should_exit.set, supervisor.stopping
     else:
         from bouquet.gateway.app import create_app
         from bouquet.gateway.drain import DrainingServer, DrainState
@@ -328,12 +328,17 @@ def serve(cfg: ServeConfig) -> int:
         app = create_app(list(zip(gcfgs, specs)), drain)
         server = DrainingServer(GatewayConfig(app, limits, timeout_graceful_shutdown=5, **common), drain)
         run, stop = (lambda: server.run(sockets=[sock])), lambda: setattr(server, "should_exit", True)
+        stopping = lambda: drain.draining  # noqa: E731 - the other branch's is a bound method
     failed, finished = threading.Event(), threading.Event()
     reasons: list[str] = []
 
     def watch() -> None:
         while not finished.wait(0.5):
             i = next((i for i, g in enumerate(groups) if g and all(r.proc.poll() is not None for r in g)), None)
+            if i is not None and stopping():
+                # SIGTERM to the whole process group (systemd's default KillMode, `timeout`) reached the
+                # replicas too: they drained and exited while the gateway drains, which is no failure
+                return
             if i is not None:
                 which = f" (model {group_models[i]})" if len(entries) > 1 else ""
                 reasons.extend(dict.fromkeys(e + which for e in (r.error() for r in groups[i]) if e))

@@ -67,10 +67,12 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_ctrl_c_stops_cleanly(tmp_path, workers):
+@pytest.mark.parametrize("sig,workers", [(signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
+def test_ctrl_c_stops_cleanly(tmp_path, sig, workers):
     # Ctrl-C in a terminal signals the whole process group (launcher, gateway workers, replicas):
     # the gateway drains while the replicas keep serving, nothing warns, no work folder is left.
+    # SIGTERM to the whole group (systemd's default KillMode, `timeout`) reaches the replicas too, which
+    # drain and exit on their own: the gateway, draining itself, warned "replica ...: connection lost".
     srv = BouquetProcess("--gateway-workers", str(workers), env={"TMPDIR": str(tmp_path)}, new_session=True)
     try:
         folders = [f for f in tmp_path.glob("bouquet-*/") if not f.name.startswith("bouquet-metrics-")]
@@ -78,7 +80,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, workers):
         # with gateway workers, also the folder of their shared Prometheus values (gateway/metrics.py)
         assert len(list(tmp_path.glob("bouquet-metrics-*/"))) == (workers > 1)
         assert srv.embed("hello").status_code == 200
-        os.killpg(srv.proc.pid, signal.SIGINT)
+        os.killpg(srv.proc.pid, sig)
         assert srv.proc.wait(60) == 0
     finally:
         srv.stop()
