@@ -313,6 +313,10 @@ def embed(
     except KeyboardInterrupt:
         typer.echo(f"interrupted: the finished shards stay in {output}; the same command resumes from them", err=True)
         raise typer.Exit(130) from None
+    if stats.shards_written == 0 and stats.shards_skipped:  # a finished job run again: no rates of nothing
+        typer.echo(f"nothing to embed: the job in {output} is complete; 0 shards written, "
+                   f"{stats.shards_skipped} already done", err=True)
+        return
     # The Ray path does not count tokens (they stay inside the actors): say so rather than print 0.
     tokens = f"{stats.tokens} tokens" if stats.tokens else "tokens not counted"
     tok_rate = f"{stats.tokens_per_s:,.0f} tokens/s" if stats.tokens else "tokens/s n/a"

@@ -135,6 +135,11 @@ FAMILIES: dict[str, Family] = {
 UNKNOWN = Family("", "")
 
 
+def unsupported(architecture: str) -> str:
+    """The message that refuses ``architecture``, listing the ones bouquet serves."""
+    return f"architecture {architecture!r} is not supported; supported: {sorted(FAMILIES)}"
+
+
 def family(architecture: str) -> Family:
     """The row of ``architecture``, or ``UNKNOWN`` when bouquet has none."""
     return FAMILIES.get(architecture, UNKNOWN)

@@ -235,6 +235,7 @@ def serve(cfg: ServeConfig) -> int:
     from bouquet.gateway.limits import GatewayConfig, HttpLimits, fit_connections
     from bouquet.layout import HOST_BOUND_BULK_PARAMS, model_parameters
     from bouquet.modelspec import load_spec
+    from bouquet.tokenization import read_tokenizer
 
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]
@@ -260,6 +261,11 @@ def serve(cfg: ServeConfig) -> int:
         for c in entries:
             if not c.servers:
                 spawned.append(spawn_replicas(c, host_replicas=len(replica_devices(c)) * len(entries)))
+        # Read each tokenizer.json here, while the replicas load: the gateway (each --gateway-workers
+        # process) reads it only after they are up, and uvicorn restarts a worker that fails to
+        # start, with a traceback each time, for as long as the launcher runs.
+        for spec in specs:
+            read_tokenizer(spec)
         pending = iter(spawned)
         for c, spec in zip(entries, specs):
             if c.servers:
@@ -313,7 +319,7 @@ def serve(cfg: ServeConfig) -> int:
         ucfg = GatewayConfig("bouquet.gateway.factory:app_from_env", limits, factory=True, workers=cfg.gateway_workers,
                              timeout_graceful_shutdown=5, **common)
         supervisor = DrainingSupervisor(ucfg, sockets=[sock])
-        run, stop = supervisor.run, supervisor.should_exit.set
+        run, stop, stopping = supervisor.run, supervisor.should_exit.set, supervisor.stopping
     else:
         from bouquet.gateway.app import create_app
         from bouquet.gateway.drain import DrainingServer, DrainState
@@ -322,12 +328,17 @@ def serve(cfg: ServeConfig) -> int:
         app = create_app(list(zip(gcfgs, specs)), drain)
         server = DrainingServer(GatewayConfig(app, limits, timeout_graceful_shutdown=5, **common), drain)
         run, stop = (lambda: server.run(sockets=[sock])), lambda: setattr(server, "should_exit", True)
+        stopping = lambda: drain.draining  # noqa: E731 - the other branch's is a bound method
     failed, finished = threading.Event(), threading.Event()
     reasons: list[str] = []
 
     def watch() -> None:
         while not finished.wait(0.5):
             i = next((i for i, g in enumerate(groups) if g and all(r.proc.poll() is not None for r in g)), None)
+            if i is not None and stopping():
+                # SIGTERM to the whole process group (systemd's default KillMode, `timeout`) reached the
+                # replicas too: they drained and exited while the gateway drains, which is no failure
+                return
             if i is not None:
                 which = f" (model {group_models[i]})" if len(entries) > 1 else ""
                 reasons.extend(dict.fromkeys(e + which for e in (r.error() for r in groups[i]) if e))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bouquet.families import architecture_of, family, hidden_size
+from bouquet.families import UNKNOWN, architecture_of, family, hidden_size, unsupported
 from bouquet.families import num_labels as label_count  # the spec's field is num_labels
 from bouquet.st_modules import ModuleError, StModules, Step, read_modules
 
@@ -199,7 +199,10 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     sbc = path / "sentence_bert_config.json"
     st_max = _read_json(sbc).get("max_seq_length") if sbc.exists() else None
     model_id = served_name or (DEFAULT_MODEL_ID if model is None else str(model))
-    return spec_from_config(_read_json(cfg_path), path, model_id, modules, st_cfg, st_max,
+    cfg = _read_json(cfg_path)
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path} must hold a JSON object, got {type(cfg).__name__} {cfg!r:.40}")
+    return spec_from_config(cfg, path, model_id, modules, st_cfg, st_max,
                             name_hint=f"{model} {path.name}")
 
 
@@ -220,6 +223,10 @@ def spec_from_config(
         raise ModelError(f"config of {model_id} names no 'architectures'")
     arch = archs[0]
     row = family(arch)
+    if "hidden_size" not in cfg and "dim" not in cfg:
+        # an architecture bouquet has no row for is read as a BERT-style encoder (the replica refuses
+        # it); one whose config names no width cannot even be read so (GPT-2's n_embd, T5's d_model)
+        raise ModelError(unsupported(arch) if row is UNKNOWN else f"config of {model_id} has no 'hidden_size'")
     modules = modules or []
     st_cfg = st_cfg or {}
     try:

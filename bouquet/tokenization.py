@@ -106,15 +106,21 @@ def _encode_ids(tok: Tokenizer, inputs: list[Any]) -> list[Any]:
     return fast(inputs) if fast is not None else tok.encode_batch(inputs)
 
 
+def read_tokenizer(spec: ModelSpec) -> Tokenizer:
+    """The model's tokenizer.json as a ``tokenizers`` Tokenizer. Raises ModelError naming the file
+    when ``tokenizers`` cannot read it."""
+    try:
+        return Tokenizer.from_file(str(spec.tokenizer_path))
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise ModelError(f"{spec.tokenizer_path} cannot be read by tokenizers: {e}") from None
+
+
 class TextTokenizer:
     """Thread-safe for concurrent ``encode*`` calls (the Rust tokenizer is immutable here)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         """Raises ModelError naming tokenizer.json when ``tokenizers`` cannot read it."""
-        try:
-            base = Tokenizer.from_file(str(spec.tokenizer_path))
-        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-            raise ModelError(f"{spec.tokenizer_path} cannot be read by tokenizers: {e}") from None
+        base = read_tokenizer(spec)
         base.no_padding()
         base.no_truncation()
         self.spec = spec

@@ -149,6 +149,10 @@ class DrainingSupervisor(Multiprocess):
         super().__init__(*args, **kwargs)
         self.exit_signals = 0  # SIGINT/SIGTERM received (Ctrl-C reaches this process as SIGINT)
 
+    def stopping(self) -> bool:
+        """A SIGINT/SIGTERM has arrived: handled, or still in the queue the loop reads every 0.5 s."""
+        return self.exit_signals > 0 or any(s in (signal.SIGINT, signal.SIGTERM) for s in list(self.signal_queue))
+
     def handle_int(self) -> None:
         self.exit_signals += 1
         super().handle_int()

@@ -104,6 +104,24 @@ def _check_ids(ids: list[Any], param: str) -> None:
             raise bad_request(f"{param} has token id {t} at position {j}, out of range", param, "invalid_token_id")
 
 
+# The field each of these names is elsewhere: a body written for one API and posted to another's route
+# (TEI's {"inputs"} to /v1/embeddings, Cohere's {"documents"} to TEI's /rerank) is told which it is.
+_OTHER_NAME = {"input": ("inputs", "TEI's name for it (POST /embed)"),
+               "inputs": ("input", "the OpenAI API's name for it (POST /v1/embeddings)"),
+               "documents": ("texts", "TEI's name for it (POST /rerank)"),
+               "texts": ("documents", "the Cohere and Jina name for it (POST /v1/rerank)")}
+
+
+def required_field(body: dict[str, Any], key: str) -> Any:
+    """``body[key]`` (None when absent: the caller's parser says it is required). Raises APIError 400
+    naming both fields when it is absent and the body holds another API's name for it."""
+    v = body.get(key)
+    other, where = _OTHER_NAME.get(key, ("", ""))
+    if v is None and other and body.get(other) is not None:
+        raise bad_request(f"'{key}' is required; this body has '{other}', {where}", key, "missing_required_parameter")
+    return v
+
+
 def opt_bool(body: dict[str, Any], key: str) -> bool | None:
     v = body.get(key)
     if v is None:

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 import grpc
 import numpy as np
@@ -117,6 +117,9 @@ class ReplicaPool:
     batch_one_per_gpu: bool = False  # batch-priority chunks on one replica of each GPU (module docstring)
     # Sent with every gRPC call (Info, Embed): replicas started with a key refuse calls without it.
     api_key: str | None = field(default=None, repr=False)
+    # True while the gateway drains to shut down: a replica that goes away then was most likely
+    # stopped by the same signal (SIGTERM to the whole process group), logged at INFO, not WARNING.
+    shutting_down: Callable[[], bool] = lambda: False
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() at which the last health check ended
@@ -155,7 +158,7 @@ class ReplicaPool:
 
     def _lost(self, r: Replica, why: str) -> None:
         if r.healthy:
-            log.warning("replica %s: %s", r.address, why)
+            (log.info if self.shutting_down() else log.warning)("replica %s: %s", r.address, why)
         r.healthy, r.last_error = False, why
 
     @property
@@ -190,7 +193,7 @@ class ReplicaPool:
         if r.healthy and not was:
             log.info("replica %s ready", r.address)
         elif not r.healthy and _kind(r.last_error) != _kind(said) and r.last_error != "loading":
-            log.warning("replica %s not usable: %s", r.address, r.last_error)
+            (log.info if self.shutting_down() else log.warning)("replica %s not usable: %s", r.address, r.last_error)
 
     async def check_health(self, since: float = 0.0) -> None:
         """Probe every replica; a check already in flight is joined, not doubled. ``since``
@@ -298,8 +301,12 @@ class ReplicaPool:
                 if queue_full:
                     raise APIError(429, f"every replica's queue is full ({queue_full}); retry later",
                                    code="queue_full", headers={"Retry-After": "1"})
-                raise APIError(503, "no healthy inference replica is available; retry later", code="no_replica",
-                               headers={"Retry-After": "1"})
+                # a replica that answers but is still loading (start-up): say so, the first thing a new
+                # user sees when the request comes right after `bouquet serve`
+                loading = not self.was_ready and any(r.last_error == "loading" for r in self.replicas)
+                raise APIError(503, "the model is still loading; retry in a few seconds (GET /health answers 200 once "
+                               "it is ready)" if loading else "no healthy inference replica is available; retry later",
+                               code="no_replica", headers={"Retry-After": "1"})
             tried.add(r.address)
             r.outstanding_tokens += tokens
             try:

@@ -17,7 +17,8 @@ from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request, shown
 from bouquet.gateway.encodings import OPENAI_FORMATS, encode_vectors
 from bouquet.gateway.http import json_response
-from bouquet.gateway.inputs import check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.inputs import (check_dimensions, long_input_mode, opt_bool, opt_int, opt_str, parse_inputs,
+                                    required_field)
 from bouquet.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_sparse import openai_token_embeddings
@@ -32,7 +33,7 @@ async def embeddings_route(gw: Gateway, body: dict[str, Any]) -> Response:
         return await openai_token_embeddings(gw, body, output or "sparse")
     if gw.spec.sparse:
         raise bad_request(f"model '{gw.public_id}' is a sparse (SPLADE) model: no dense output", "output", "wrong_task")
-    inputs = parse_inputs(body.get("input"), "input", gw.cfg.max_inputs)
+    inputs = parse_inputs(required_field(body, "input"), "input", gw.cfg.max_inputs)
     fmt = opt_str(body, "encoding_format")
     fmt = "float" if fmt is None else fmt  # "" is an unknown format, not the default
     if fmt not in OPENAI_FORMATS:  # float, base64 (OpenAI's); the rest bouquet's extension (encodings.py)

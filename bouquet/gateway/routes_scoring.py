@@ -15,7 +15,7 @@ from starlette.responses import Response
 from bouquet.gateway.core import PRIORITIES, Gateway
 from bouquet.gateway.errors import bad_request, json_type, shown
 from bouquet.gateway.http import json_response
-from bouquet.gateway.inputs import opt_bool, opt_int, opt_str, parse_inputs
+from bouquet.gateway.inputs import opt_bool, opt_int, opt_str, parse_inputs, required_field
 from bouquet.gateway.scoring import PairFields, score_pairs
 
 
@@ -87,7 +87,7 @@ async def ranked_results(gw: Gateway, body: dict[str, Any]) -> tuple[list[dict[s
     ``max_chunks_per_doc`` / ``max_tokens_per_doc``, and ``rank_fields`` other than ["text"]."""
     _refuse_unsupported(body)
     query = parse_query(body)
-    docs = parse_documents(body.get("documents"), "documents", gw.cfg.max_inputs)
+    docs = parse_documents(required_field(body, "documents"), "documents", gw.cfg.max_inputs)
     top_n = opt_int(body, "top_n")
     if top_n is not None and top_n < 1:
         raise bad_request(f"'top_n' must be >= 1, got {top_n}", "top_n", "invalid_value")

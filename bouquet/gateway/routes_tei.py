@@ -19,7 +19,7 @@ from bouquet.gateway.core import PRIORITIES, Gateway, item_param, tokenizer_thre
 from bouquet.gateway.errors import APIError, bad_request, json_type, shown
 from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import (TextInputs, check_dimensions, direction, is_token_id, long_input_mode, opt_bool,
-                                    opt_int, opt_str, parse_inputs)
+                                    opt_int, opt_str, parse_inputs, required_field)
 from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
@@ -30,7 +30,7 @@ from bouquet.tokenization import BadTokenId
 async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/embed`` → ``[[float, ...], ...]``, one vector per input (also for a single string)."""
     _embedding_model(gw, "use /rerank")
-    inputs = parse_inputs(body.get("inputs"), "inputs", gw.cfg.max_inputs)
+    inputs = parse_inputs(required_field(body, "inputs"), "inputs", gw.cfg.max_inputs)
     mode = long_input_mode(body, gw.cfg.truncate)
     if mode == "chunks":
         raise bad_request("long_input 'chunks' is only available on /v1/embeddings; use 'chunk_mean' here",
@@ -129,7 +129,7 @@ async def rerank_route(gw: Gateway, body: dict[str, Any]) -> Response:
     """TEI ``/rerank``: ``query``, ``texts``, ``raw_scores``, ``return_text`` → ``[{"index", "score",
     "text"?}]`` sorted by score, descending."""
     query = parse_query(body)
-    texts = parse_texts(body.get("texts"), "texts", gw.cfg.max_inputs)
+    texts = parse_texts(required_field(body, "texts"), "texts", gw.cfg.max_inputs)
     return_text = bool(opt_bool(body, "return_text"))
     # TEI truncates the pair; here over-long pairs lose document tokens only: "Left" keeps the
     # document's end, "Right" (the default) its start

@@ -90,12 +90,16 @@ def fingerprint(files: list[InputFile]) -> list[list[object]]:
 
 
 def _columns(f: InputFile) -> list[str]:
-    """Column names, read from the first block only."""
+    """Column names, read from the first block only. Raises InputError for a file without rows
+    (as for an empty JSONL file), whose columns pyarrow does not report."""
     if f.fmt == "text":
         return []
     if f.fmt == "parquet":
         return pq.ParquetFile(f.path).schema_arrow.names
-    return next(iter(_open_table_stream(f, None)), pa.table({})).column_names
+    first = next(iter(_open_table_stream(f, None)), None)
+    if first is None:  # a CSV/TSV header without rows: pyarrow reads no block, so no columns either
+        raise InputError(f"{f.path}: cannot be read as {f.fmt.upper()}: the file holds no rows")
+    return first.column_names
 
 
 def resolve_id_column(files: list[InputFile], text_column: str, id_column: str | None) -> str | None:

@@ -70,9 +70,14 @@ class Manifest:
         if path.exists() and not overwrite:
             old = json.loads(path.read_text())
             if old.get("settings") != settings:
-                diff = sorted(k for k in set(old.get("settings", {})) | set(settings)
-                              if old.get("settings", {}).get(k) != settings.get(k))
-                raise ResumeError(f"{out_dir} holds a job with different {diff}; use another --output or --overwrite")
+                was = old.get("settings", {})
+                diff = sorted(k for k in set(was) | set(settings) if was.get(k) != settings.get(k))
+                # each value as it was and is now, so that a path or dtype that moved is seen at once;
+                # the input's fingerprint (every file's path, size and mtime) is too long to show
+                said = ", ".join("the input files (their list, sizes or modification times)" if k == "input"
+                                 else f"{k} {was.get(k)!r} (now {settings.get(k)!r})" for k in diff)
+                raise ResumeError(f"{out_dir} holds a job with other settings: {said}; use another --output or "
+                                  "--overwrite")
             return Manifest(path, settings, {int(k): int(v) for k, v in old.get("done", {}).items()},
                             bool(old.get("complete")))
         return Manifest(path, settings)

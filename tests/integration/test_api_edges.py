@@ -202,3 +202,26 @@ def test_unknown_model_is_404_on_every_post_route(minilm_server):
         else:
             assert r.json()["error_type"] == "Validation"
         assert httpx.post(minilm_server.url + path, json=body, timeout=60).status_code == 200, path
+
+
+def test_a_body_for_another_api_names_the_field_it_sent(minilm_server):
+    # TEI's {"inputs"} posted to OpenAI's route and the reverse, Cohere's {"documents"} to TEI's
+    # /rerank and the reverse: each was told only "'input' is required" (new-user run, 2026-12-05).
+    url = minilm_server.url
+    cases = [("/v1/embeddings", {"inputs": "a"}, "input", "'input' is required; this body has 'inputs', TEI's name "
+              "for it (POST /embed)"),
+             ("/embed", {"input": "a"}, "inputs", "'inputs' is required; this body has 'input', the OpenAI API's name "
+              "for it (POST /v1/embeddings)"),
+             ("/v1/rerank", {"query": "q", "texts": ["a"]}, "documents", "'documents' is required; this body has "
+              "'texts', TEI's name for it (POST /rerank)"),
+             ("/rerank", {"query": "q", "documents": ["a"]}, "texts", "'texts' is required; this body has "
+              "'documents', the Cohere and Jina name for it (POST /v1/rerank)")]
+    for path, body, param, message in cases:
+        r = httpx.post(url + path, json=body, timeout=60)
+        if path.startswith("/v1/"):
+            assert openai_error(r, 400, param, "missing_required_parameter")["message"] == message
+        else:
+            assert tei_error(r, 400)["error"] == message
+    # the field the route takes wins when both are sent; the next request is served as usual
+    assert httpx.post(url + "/v1/embeddings", json={"input": "a", "inputs": "b"}, timeout=60).status_code == 200
+    assert httpx.post(url + "/rerank", json={"query": "q", "texts": ["a"], "documents": ["b"]}, timeout=60).status_code == 200

@@ -361,4 +361,7 @@ def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None
     first = json.loads((out / MANIFEST).read_text())
     assert first["complete"] and first["rows"] == 12, first
     again = run_embed(*args)  # the same command: a finished job, not "the input changed"
+    # (it said "embedded 0 rows (tokens not counted) in 0s: 0 rows/s, tokens/s n/a; ...")
+    assert again.stderr.strip().splitlines()[-1] == (f"nothing to embed: the job in {out} is complete; 0 shards written, "
+                                                     "1 already done"), again.stderr[-1500:]
     assert json.loads((out / MANIFEST).read_text())["rows"] == 12, again.stderr[-1500:]

@@ -67,10 +67,12 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_ctrl_c_stops_cleanly(tmp_path, workers):
+@pytest.mark.parametrize("sig,workers", [(signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
+def test_ctrl_c_stops_cleanly(tmp_path, sig, workers):
     # Ctrl-C in a terminal signals the whole process group (launcher, gateway workers, replicas):
     # the gateway drains while the replicas keep serving, nothing warns, no work folder is left.
+    # SIGTERM to the whole group (systemd's default KillMode, `timeout`) reaches the replicas too, which
+    # drain and exit on their own: the gateway, draining itself, warned "replica ...: connection lost".
     srv = BouquetProcess("--gateway-workers", str(workers), env={"TMPDIR": str(tmp_path)}, new_session=True)
     try:
         folders = [f for f in tmp_path.glob("bouquet-*/") if not f.name.startswith("bouquet-metrics-")]
@@ -78,7 +80,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, workers):
         # with gateway workers, also the folder of their shared Prometheus values (gateway/metrics.py)
         assert len(list(tmp_path.glob("bouquet-metrics-*/"))) == (workers > 1)
         assert srv.embed("hello").status_code == 200
-        os.killpg(srv.proc.pid, signal.SIGINT)
+        os.killpg(srv.proc.pid, sig)
         assert srv.proc.wait(60) == 0
     finally:
         srv.stop()
@@ -155,22 +157,46 @@ def test_bad_environment_value_is_a_usage_error(tmp_path):
         assert name in " ".join(shown.split()), name
 
 
-@pytest.mark.parametrize("mistake", ["folder_not_a_model", "relative_path_typo", "host_not_here"])
+def model_copy(tmp_path: Path, config: object | None = None) -> Path:
+    """The embedded model's files in a folder of ``tmp_path`` (the weights linked), config.json
+    replaced by ``config`` when given."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in resolve_model_path(None).iterdir():
+        (model / f.name).symlink_to(f)
+    if config is not None:
+        (model / "config.json").unlink()
+        (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.mark.parametrize("mistake", ["folder_not_a_model", "relative_path_typo", "host_not_here",
+                                     "architecture_not_supported", "config_not_an_object"])
 def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
     # What a new user mistypes ends `serve` at once, before any replica loads, with one line naming
     # the real cause: a folder without config.json is no model (it used to be told "no safetensors
     # weights ... --allow-pickle"), a path that does not exist is not a local directory (it used to read
     # as a Hub lookup only), and an address of no interface here is --host's fault (it used to say
-    # "choose another --port"). 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address.
+    # "choose another --port"). 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address. A model of
+    # an architecture bouquet does not serve whose config names no hidden_size (GPT-2's is n_embd) said
+    # "error: 'dim'", and a config.json holding a list "'list' object has no attribute 'get'".
     folder = tmp_path / "not-a-model"
     folder.mkdir()
     (folder / "notes.txt").write_text("no model here")
+    if mistake == "architecture_not_supported":
+        model_copy(tmp_path, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768})
+    elif mistake == "config_not_an_object":
+        model_copy(tmp_path, [1])
     args, expected = {
         "folder_not_a_model": (["--model", str(folder)], f"error: {folder.resolve()} has no config.json: not a Hugging "
                                "Face model folder (config.json, tokenizer.json, model.safetensors)"),
         "relative_path_typo": (["--model", "models/no-such-model"], "error: model 'models/no-such-model' is not a local "
                                "directory, nor (completely) in the local Hugging Face cache"),
         "host_not_here": (["--host", "192.0.2.1"], "error: cannot listen on 192.0.2.1:"),
+        "architecture_not_supported": (["--model", str(tmp_path / "model")], "error: architecture 'GPT2LMHeadModel' is "
+                                       "not supported; supported: ['BertForMaskedLM', "),
+        "config_not_an_object": (["--model", str(tmp_path / "model")], f"error: {tmp_path / 'model' / 'config.json'} "
+                                 "must hold a JSON object, got list [1]"),
     }[mistake]
     port = free_port()
     env = {"TMPDIR": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
@@ -181,6 +207,26 @@ def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
     if mistake == "host_not_here":
         assert last_line(out).endswith("(check --host: an address of this machine, or 0.0.0.0 for all)"), out
     assert "loading" not in out and "Traceback" not in out, out  # no replica was started
+    assert time.monotonic() - t0 < 30
+    assert list(tmp_path.glob("bouquet-*/")) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unreadable_tokenizer_is_one_line(tmp_path, workers):
+    # The gateway reads tokenizer.json only once the replicas are up. A file `tokenizers` cannot read
+    # printed the error in the middle of the replica's start-up lines (the replica went on loading
+    # after the launcher had exited); with gateway workers, uvicorn restarted each worker that failed
+    # to start, a traceback each time, until killed. Now the launcher reads the file while the
+    # replicas load and stops them: one line, the last.
+    model = model_copy(tmp_path)
+    (model / "tokenizer.json").unlink()
+    (model / "tokenizer.json").write_text("{}")
+    t0 = time.monotonic()
+    code, out = serve_fails("--model", str(model), "--port", str(free_port()), "--device", "cpu",
+                            "--gateway-workers", str(workers), env={"TMPDIR": str(tmp_path)}, timeout=60)
+    assert code == 1, out
+    assert last_line(out) == f"error: {model / 'tokenizer.json'} cannot be read by tokenizers: Model missing. at line 1 column 2", out
+    assert "Traceback" not in out and "ready" not in out, out
     assert time.monotonic() - t0 < 30
     assert list(tmp_path.glob("bouquet-*/")) == []
 

@@ -154,6 +154,23 @@ def test_no_replica_left_is_a_quick_503():
         gw.stop()
 
 
+def test_a_request_while_the_model_loads_says_so():
+    # It was told "no healthy inference replica is available; retry later" (new-user run, 2026-12-05).
+    gw = BouquetProcess(wait_for=(503,))  # the gateway is up, the replica has bound its port and loads
+    try:
+        r = httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
+        if r.status_code == 200:
+            pytest.skip("the model finished loading before the request")
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"] == {"message": "the model is still loading; retry in a few seconds (GET /health answers "
+                                     "200 once it is ready)", "type": "service_unavailable", "param": None,
+                                     "code": "no_replica"}
+        gw.wait_healthy(120)
+        assert gw.embed("hello").status_code == 200
+    finally:
+        gw.stop()
+
+
 async def _one(client: httpx.AsyncClient, url: str, idx: list[int], texts: list[str]) -> tuple[list[int], int, object, float]:
     body = {"input": [texts[i] for i in idx]}
     try:

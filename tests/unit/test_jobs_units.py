@@ -90,6 +90,15 @@ def test_malformed_jsonl_names_the_file_and_line(tmp_path: Path, body: str, mess
         rows_of(p)
 
 
+@pytest.mark.parametrize("name,body", [("h.csv", "id,text\n"), ("h.tsv", "id\ttext\n")])
+def test_csv_without_rows_is_named(tmp_path: Path, name: str, body: str) -> None:
+    # a header alone was told "h.csv has no column 'text'; its columns are []"
+    (tmp_path / name).write_text(body)
+    kind = name.rsplit(".", 1)[1].upper()
+    with pytest.raises(InputError, match=rf"{name}: cannot be read as {kind}: the file holds no rows$"):
+        resolve_id_column(discover(tmp_path / name), "text", None)
+
+
 def test_csv_and_tsv_cells_are_read_as_written(tmp_path: Path) -> None:
     """CSV has no types: pyarrow's inference read `0123` as the int 123 and `007` as 7."""
     (tmp_path / "a.csv").write_text('id,text\n0123,007\n123,1.50\n"0x1F","1e3"\n')
@@ -182,8 +191,11 @@ def test_npy_output_and_resume_refusal(tmp_path: Path) -> None:
     assert out.column("id").to_pylist() == ["a", "b", "c", "d"]
     assert out.schema.field("vector").type == pa.list_(pa.float16(), 3)
     assert Manifest.open(tmp_path, settings).complete
-    with pytest.raises(ResumeError, match="output_dtype"):
+    with pytest.raises(ResumeError, match=r"holds a job with other settings: output_dtype 'float16' \(now 'float32'\); "):
         Manifest.open(tmp_path, {**settings, "output_dtype": "float32"})
+    with pytest.raises(ResumeError, match=r"other settings: the input files \(their list, sizes or modification times\), "
+                                          r"shard_rows 2 \(now 3\); use another --output or --overwrite$"):
+        Manifest.open(tmp_path, {**settings, "shard_rows": 3, "input": [["a.jsonl", 1, 2]]})
 
 
 def test_gpu_bench_runs_tiny_on_cpu(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from bouquet.families import FAMILIES
+from bouquet.families import FAMILIES, unsupported
 
 if TYPE_CHECKING:
     from bouquet.engine.models.base import PackedModel
@@ -27,9 +27,7 @@ def model_class(architecture: str, task: str = "embed") -> "type[PackedModel]":
     Raises UnsupportedArchitecture listing what is supported."""
     row = FAMILIES.get(architecture)
     if row is None:
-        raise UnsupportedArchitecture(
-            f"architecture {architecture!r} is not supported; supported: {sorted(ARCHITECTURES)}"
-        )
+        raise UnsupportedArchitecture(unsupported(architecture))
     cls = row.embed_cls if task == "embed" and row.embed_cls else row.cls
     try:
         return getattr(importlib.import_module(f"bouquet.engine.models.{row.module}"), cls)
