@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 import tokenizers
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
-from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN, Side, margin, same_end,
-                                 window)
+from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, SPACE, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN, Side,
+                                 bert_boundary, margin, same_end, window)
 from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
@@ -127,6 +127,10 @@ class TextTokenizer:
         self.max_len = spec.max_seq_length - (1 if self.eos is not None and not appends else 0)
         self._plain = base
         self._whole_words = isinstance(base.model, models.WordPiece)  # see _bounded
+        norm = base.normalizer
+        bert = (self._whole_words and isinstance(base.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+                and isinstance(norm, normalizers.BertNormalizer))
+        self._cuts = bert_boundary(norm.handle_chinese_chars) if bert else SPACE  # where a window may end (_bounded)
         path = str(spec.tokenizer_path)
         self._fast: FastBPE | FastWordPiece | FastUnigram | None = (
             fast_bpe(base, path) or fast_wordpiece(base, path) or fast_unigram(base, path))
@@ -188,7 +192,7 @@ class TextTokenizer:
             batch: list[str] = []
             slots = []
             for i in todo:
-                part, clean = window(texts[i], side, chars[i])
+                part, clean = window(texts[i], side, chars[i], self._cuts)
                 parts[i] = part
                 slots.append((i, len(batch), len(part) == len(texts[i]), clean))
                 batch.append(part)
