@@ -17,6 +17,10 @@ Side = Literal["left", "right"]
 # per kept token are tokenized whole.
 FIRST_CHARS_PER_TOKEN = 2
 WINDOWED_CHARS_PER_TOKEN = 6
+# Truncation off, a text longer than this is refused from a window at its start when that window
+# already holds too many tokens, its count then a lower bound; a shorter one is counted whole for an
+# exact count in the 400 (at most ~0.1 s of the slowest text: WordPiece's 99-letter words).
+PROBED_CHARS = 32_768
 # A cut inside a word is kept only when the windows 1 .. UNCLEAN_CHECKS characters longer agree with it
 # on the kept tokens: Unigram's segmentation of a run can depend on its length by a period longer
 # than 2 ("x" * n by n mod 3; "ab" * n by n mod 4 in XLM-R, where n and n + 1 can agree and n + 2 not).

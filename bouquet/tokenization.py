@@ -23,8 +23,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
-from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, SPACE, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN, Side,
-                                 bert_boundary, margin, same_end, window)
+from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, PROBED_CHARS, SPACE, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN,
+                                 Side, bert_boundary, margin, same_end, window)
 from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
@@ -42,12 +42,15 @@ class BadTokenId(ValueError):
 
 
 class TooLong(ValueError):
-    """Input ``index`` has ``count`` tokens, more than the model's ``limit``; ``detail`` as BadTokenId's."""
+    """Input ``index`` has ``count`` tokens (``at_least``: that many in its start alone), more than
+    the model's ``limit``; ``detail`` as BadTokenId's."""
 
-    def __init__(self, index: int, count: int, limit: int) -> None:
-        self.detail = f"has {count} tokens, more than the model's maximum of {limit} (truncation is off)"
+    def __init__(self, index: int, count: int, limit: int, at_least: bool = False) -> None:
+        counted = f"at least {count} tokens" if at_least else f"{count} tokens"
+        self.detail = (f"has {counted}, more than the model's maximum of {limit} (truncation is off"
+                       f"{'; counted in its start only' if at_least else ''})")
         super().__init__(f"input {index} {self.detail}")
-        self.index, self.count, self.limit = index, count, limit
+        self.index, self.count, self.limit, self.at_least = index, count, limit, at_least
 
 
 class NoRoom(ValueError):
@@ -232,6 +235,10 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:
         """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
+        first = None if truncate else self._too_long_start(texts)
+        if first is not None:  # refused without tokenizing it whole, unless a text before it is too long
+            self.encode(texts[:first[0]], False)
+            raise TooLong(*first, self.spec.max_seq_length, at_least=True)
         fast, long_idx = self._fast, self._windowed(texts) if truncate else []
         keep = self.max_len - fast.template.added if fast is not None and truncate else None
         if fast is not None and (keep is None or keep > 0):  # the fast path's ids, cut and wrapped as the post-processor does
@@ -249,6 +256,20 @@ class TextTokenizer:
                 raise TooLong(i, len(x) + self.spec.max_seq_length - self.max_len, self.spec.max_seq_length)
         ids = [self._finish(x) for x in seqs]
         return Encoded(ids, None, int(sum(len(x) for x in ids)))
+
+    def _too_long_start(self, texts: list[str]) -> tuple[int, int] | None:
+        """(index, its tokens) of the first text over PROBED_CHARS characters (and ``_windowed``)
+        whose start, cut clean at a word boundary (``window``), already holds more than
+        ``max_len`` tokens; None when none does. Truncation off, such a text is refused from a
+        window of ~1,700 characters (256-token models) instead of the whole text: a 4 MB body took
+        up to 16 s of tokenization to count its tokens exactly."""
+        long_idx = [i for i in self._windowed(texts) if len(texts[i]) > PROBED_CHARS]
+        chars = (self.max_len + margin(self.max_len)) * WINDOWED_CHARS_PER_TOKEN
+        cuts = [window(texts[i], "right", chars, self._cuts) for i in long_idx]
+        for i, (_, clean), ids in zip(long_idx, cuts, self.plain_ids([c[0] for c in cuts]) if cuts else []):
+            if clean and len(ids) > self.max_len:
+                return i, len(ids)
+        return None
 
     def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right", truncate: bool = True) -> Encoded:
         """(query, document) pairs → ids and token types; over-long pairs lose document tokens

@@ -198,7 +198,7 @@ def shard_of(encode: Callable[..., Encoded]) -> Callable[..., Encoded]:
         try:
             return encode(items, *args)
         except TooLong as e:
-            raise TooLong(first + e.index, e.count, e.limit) from None
+            raise TooLong(first + e.index, e.count, e.limit, e.at_least) from None
         except NoRoom as e:
             raise NoRoom(first + e.index, e.detail) from None
 

@@ -20,7 +20,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
-from bouquet.tokenization import TextTokenizer
+from bouquet.tokenization import TextTokenizer, TooLong
 from tests.helpers import read_sts
 
 QWEN_EOS = 151643
@@ -191,6 +191,38 @@ def test_texts_without_spaces_truncate_in_5_ms_with_bert_cuts(model_dirs) -> Non
         assert_truncates_in_5_ms(make(model_dirs, "wordpiece", 256), text, repr(text[:2]))
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_truncation_off_refuses_a_long_text_from_its_start(model_dirs, kind: str) -> None:
+    """Truncation off, a text over 32,768 characters whose first ~1,700 (cut at a word boundary)
+    already hold more than the limit is refused from them, in <= 5 ms for 1,000,000 characters
+    ("at least" the tokens counted there); a shorter text is counted exactly, and named first when
+    it comes before; a long text of few tokens is tokenized whole, as the library does."""
+    tt = make(model_dirs, kind, 256)
+    huge = prose(1_000_000)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        with pytest.raises(TooLong) as e:
+            tt.encode(["A short one.", huge], False)
+        times.append(time.perf_counter() - t0)
+    assert (e.value.index, e.value.at_least) == (1, True) and e.value.count > 256, e.value
+    assert "at least" in e.value.detail and "counted in its start only" in e.value.detail
+    assert min(times) <= 0.005, f"{kind}: {min(times) * 1e3:.1f} ms"
+    first = prose(1_500)  # over 256 tokens, too short to be probed: counted whole
+    with pytest.raises(TooLong) as e:
+        tt.encode([first, huge], False)
+    assert (e.value.index, e.value.at_least) == (0, False)
+    assert e.value.count == len(reference(tt, None).encode(first).ids) + (tt.spec.max_seq_length - tt.max_len)
+    middle = prose(30_000)  # under 32,768 characters: counted whole
+    with pytest.raises(TooLong) as e:
+        tt.encode([middle], False)
+    assert (e.value.at_least, e.value.count) == (False, len(reference(tt, None).encode(middle).ids)
+                                                 + tt.spec.max_seq_length - tt.max_len)
+    if kind == "wordpiece":  # probed by length, 2 tokens (BPE and Unigram read a run of spaces as tokens)
+        sparse = "a" + " " * 50_000 + "b"
+        assert np.array_equal(tt.encode([sparse], False).ids[0], tt.finish(reference(tt, None).encode(sparse).ids))
+
+
 def _tokenize_seconds(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     return float(next(line.split()[-1] for line in text.splitlines()
@@ -215,6 +247,24 @@ def test_body_of_punctuation_costs_the_gateway_no_seconds(minilm_server) -> None
     vec = np.asarray(r.json()["data"][0]["embedding"], dtype=np.float32)
     assert np.allclose(vec, minilm_server.vectors([ids])[0], atol=1e-6)
     assert spent < 1.0, f"{spent:.2f} s of tokenization"
+
+
+def test_body_of_long_rare_words_truncation_off_is_refused_at_once(minilm_server) -> None:
+    """Through the real server: truncation off, a 4 MB body of 99-letter words of rare letters
+    (~90 WordPiece tokens each, WordPiece's slowest) is a 400 naming the input, after well under a
+    second of tokenization (it took 16 s: the whole text was tokenized to count its 3.6 M tokens)."""
+    rng = np.random.default_rng(0)
+    letters = np.array(list("qxzjkvw"))
+    text = " ".join("".join(w) for w in letters[rng.integers(0, len(letters), (40_000, 99))])
+    before = _tokenize_seconds(minilm_server.url)
+    r = minilm_server.embed(text, truncate=False)
+    spent = _tokenize_seconds(minilm_server.url) - before
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", "input"), err
+    assert "has at least" in err["message"] and "maximum of 256" in err["message"], err
+    assert spent < 1.0, f"{spent:.2f} s of tokenization"
+    assert minilm_server.embed("the next request").status_code == 200
 
 
 def test_million_characters_over_http(minilm_server) -> None:
