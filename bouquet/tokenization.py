@@ -235,6 +235,8 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:
         """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
+        if not truncate and len(texts) > 1 and sum(map(len, texts)) > PROBED_CHARS:
+            return self._encode_stepwise(texts)
         first = None if truncate else self._too_long_start(texts)
         if first is not None:  # refused without tokenizing it whole, unless a text before it is too long
             self.encode(texts[:first[0]], False)
@@ -256,6 +258,25 @@ class TextTokenizer:
                 raise TooLong(i, len(x) + self.spec.max_seq_length - self.max_len, self.spec.max_seq_length)
         ids = [self._finish(x) for x in seqs]
         return Encoded(ids, None, int(sum(len(x) for x in ids)))
+
+    def _encode_stepwise(self, texts: list[str]) -> Encoded:
+        """Truncation off: ``encode`` of consecutive batches of at most PROBED_CHARS characters (a
+        longer text alone), so that the first too-long text spares the rest their tokenization
+        (4,096 texts of rare 99-letter words took 16 s before their 400)."""
+        bounds, start, size = [], 0, 0
+        for i, t in enumerate(texts):
+            if i > start and size + len(t) > PROBED_CHARS:
+                bounds.append((start, i))
+                start, size = i, 0
+            size += len(t)
+        bounds.append((start, len(texts)))
+        out = []
+        for a, b in bounds:
+            try:
+                out.append(self.encode(texts[a:b], False))
+            except TooLong as e:
+                raise TooLong(a + e.index, e.count, e.limit, e.at_least) from None
+        return Encoded.joined(out)
 
     def _too_long_start(self, texts: list[str]) -> tuple[int, int] | None:
         """(index, its tokens) of the first text over PROBED_CHARS characters (and ``_windowed``)

@@ -223,6 +223,23 @@ def test_truncation_off_refuses_a_long_text_from_its_start(model_dirs, kind: str
         assert np.array_equal(tt.encode([sparse], False).ids[0], tt.finish(reference(tt, None).encode(sparse).ids))
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_truncation_off_many_texts_in_batches_name_the_first_too_long(model_dirs, kind: str) -> None:
+    """Truncation off, texts of more than 32,768 characters in all are tokenized in consecutive
+    batches, stopping at the first too-long text: its index in the whole request and its exact
+    count; every text of a request that passes gets the library's ids."""
+    tt = make(model_dirs, kind, 256)
+    plain = reference(tt, None)
+    ok = [prose(600, 40 * k) for k in range(120)]  # 72,000 characters, ~130 tokens each
+    enc = tt.encode(ok, False)
+    assert [list(x) for x in enc.ids] == [list(tt.finish(e.ids)) for e in plain.encode_batch(ok)]
+    long = prose(1_500)
+    with pytest.raises(TooLong) as e:
+        tt.encode([*ok, long, *ok[:10]], False)
+    assert (e.value.index, e.value.at_least) == (120, False)
+    assert e.value.count == len(plain.encode(long).ids) + tt.spec.max_seq_length - tt.max_len
+
+
 def _tokenize_seconds(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
     return float(next(line.split()[-1] for line in text.splitlines()
