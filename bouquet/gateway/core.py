@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.gateway.errors import APIError, bad_request, json_type
+from bouquet.gateway.errors import APIError, bad_request, cut, json_type
 from bouquet.gateway.inputs import TextInputs, opt_str
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
@@ -57,7 +57,7 @@ class Gateway:
         if model not in self.names:
             aliases = sorted(self.names - {self.public_id})
             also = f" (also named {', '.join(repr(a) for a in aliases)})" if aliases else ""
-            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'{also}",
+            raise APIError(404, f"The model '{cut(model)}' does not exist; this server serves '{self.public_id}'{also}",
                            "model", "model_not_found")
 
     async def run_tokenizer(self, fn: Any, *args: Any) -> Any:
