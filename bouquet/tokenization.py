@@ -46,9 +46,8 @@ class TooLong(ValueError):
     the model's ``limit``; ``detail`` as BadTokenId's."""
 
     def __init__(self, index: int, count: int, limit: int, at_least: bool = False) -> None:
-        counted = f"at least {count} tokens" if at_least else f"{count} tokens"
-        self.detail = (f"has {counted}, more than the model's maximum of {limit} (truncation is off"
-                       f"{'; counted in its start only' if at_least else ''})")
+        counted = f"at least {count} tokens (counted in its start only)" if at_least else f"{count} tokens"
+        self.detail = f"has {counted}, more than the model's maximum of {limit} (truncation is off)"
         super().__init__(f"input {index} {self.detail}")
         self.index, self.count, self.limit, self.at_least = index, count, limit, at_least
 

@@ -282,6 +282,10 @@ def test_body_of_long_rare_words_truncation_off_is_refused_at_once(minilm_server
     assert "has at least" in err["message"] and "maximum of 256" in err["message"], err
     assert spent < 1.0, f"{spent:.2f} s of tokenization"
     assert minilm_server.embed("the next request").status_code == 200
+    r = httpx.post(minilm_server.url + "/v1/rerank", json={"query": text[:1_000_000], "documents": ["a"]}, timeout=60)
+    err = r.json()["error"]  # a query is never truncated: refused from its start too, worded for a query
+    assert (r.status_code, err["param"]) == (400, "query") and "has at least" in err["message"], err
+    assert "(queries are never truncated; shorten it)" in err["message"], err
 
 
 def test_million_characters_over_http(minilm_server) -> None:
