@@ -277,6 +277,13 @@ class TextTokenizer:
                 raise TooLong(a + e.index, e.count, e.limit, e.at_least) from None
         return Encoded.joined(out)
 
+    def start_tokens(self, text: str, chars: int) -> tuple[int, int] | None:
+        """(characters, tokens without special tokens) of a window at the start of ``text`` of about
+        ``chars`` characters, cut at a word boundary (``window``), so that its tokens are the whole
+        text's first ones; None when no boundary is near ``chars``."""
+        part, clean = window(text, "right", chars, self._cuts)
+        return (len(part), len(self.plain_ids([part])[0])) if clean else None
+
     def _too_long_start(self, texts: list[str]) -> tuple[int, int] | None:
         """(index, its tokens) of the first text over PROBED_CHARS characters (and ``_windowed``)
         whose start, cut clean at a word boundary (``window``), already holds more than

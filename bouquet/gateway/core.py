@@ -138,14 +138,16 @@ class Gateway:
         finally:
             self.metrics.inference_seconds.observe(time.perf_counter() - t0)
 
-    def check_tokens(self, tokens: int, param: str | None) -> None:
+    def check_tokens(self, tokens: int, param: str | None, at_least: bool = False) -> None:
         """One request's token limit (``--max-request-tokens``), checked after tokenization and
         before any work on the replicas: ``tokens`` are all the request's tokens as the model would
-        run them (truncated, special tokens included). Raises APIError 413 naming the limit and its
-        flag (``param``: the request field holding the inputs)."""
+        run them (truncated, special tokens included; ``at_least``: counted only until past the
+        limit). Raises APIError 413 naming the limit and its flag (``param``: the request field
+        holding the inputs)."""
         limit = self.cfg.max_request_tokens
         if tokens > limit:
-            raise APIError(413, f"this request has {tokens:,} tokens after tokenization, more than the limit of {limit:,} "
+            counted = f"at least {tokens:,} tokens (counted until past the limit)" if at_least else f"{tokens:,} tokens"
+            raise APIError(413, f"this request has {counted} after tokenization, more than the limit of {limit:,} "
                            "per request (--max-request-tokens); split it into smaller requests", param, "too_many_tokens")
 
     async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None,

@@ -13,8 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -26,7 +24,7 @@ import pytest
 
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.proto.rpc import HEALTH_SERVING, SERVICE
-from helpers import BouquetProcess, GrpcServer, free_port, grpc_health
+from helpers import BouquetProcess, GrpcServer, free_port, grpc_health, peak_rss_growth_mib
 
 KEY = "sk-test-39"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -84,22 +82,12 @@ def test_replica_grpc_port_needs_the_key(keyed_server):
     assert httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "still served"}, headers=AUTH).status_code == 200
 
 
-def _rss_mib(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
-
-
 def test_a_client_without_the_key_cannot_make_the_replica_take_in_its_request(keyed_server):
     """Refusals and health checks answer without reading the request: two 150 MiB Embed calls without
     the key and a 150 MiB health check left the replica's memory where it was (they raised its RSS by
     1.7 GiB for 3 × 300 MiB: grpc read each unary request whole, up to 512 MiB, before refusing it)."""
     replica = replica_of(keyed_server)
     msg = pb.EmbedRequest(input_ids=bytes(150 << 20)).SerializeToString()
-    before, peak, done = _rss_mib(replica["pid"]), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_mib(replica["pid"]))
-            time.sleep(0.02)
 
     def send(method: str) -> grpc.StatusCode:
         with grpc.insecure_channel(replica["address"], options=[("grpc.max_send_message_length", 1 << 30)]) as ch:
@@ -109,16 +97,13 @@ def test_a_client_without_the_key_cannot_make_the_replica_take_in_its_request(ke
             except grpc.RpcError as e:
                 return e.code()
 
-    watcher = threading.Thread(target=sample)
-    watcher.start()
-    try:
+    def calls() -> list[grpc.StatusCode]:
         with ThreadPoolExecutor(3) as pool:
-            codes = list(pool.map(send, [f"/{SERVICE}/Embed", f"/{SERVICE}/Embed", "/grpc.health.v1.Health/Check"]))
-    finally:
-        done.set()
-        watcher.join()
+            return list(pool.map(send, [f"/{SERVICE}/Embed", f"/{SERVICE}/Embed", "/grpc.health.v1.Health/Check"]))
+
+    codes, grew = peak_rss_growth_mib(replica["pid"], calls)
     assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 2 + [grpc.StatusCode.OK]
-    assert peak[0] - before < 100, f"replica RSS {before} -> peak {peak[0]} MiB"
+    assert grew < 100, f"replica RSS rose by {grew} MiB"
     assert call(replica["address"], "Embed", (("authorization", f"Bearer {KEY}"),)).num_tokens == 3  # type: ignore[attr-defined]
 
 

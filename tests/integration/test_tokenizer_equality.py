@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer, TooLong
-from tests.helpers import read_sts
+from tests.helpers import peak_rss_growth_mib, read_sts
 
 QWEN_EOS = 151643
 
@@ -286,6 +286,26 @@ def test_body_of_long_rare_words_truncation_off_is_refused_at_once(minilm_server
     err = r.json()["error"]  # a query is never truncated: refused from its start too, worded for a query
     assert (r.status_code, err["param"]) == (400, "query") and "has at least" in err["message"], err
     assert "(queries are never truncated; shorten it)" in err["message"], err
+
+
+def test_tokenize_past_the_token_limit_is_refused_before_its_encodings(minilm_server) -> None:
+    """Through the real server: ``/tokenize`` of a 4 MB body of rare 99-letter words (3.6 M
+    tokens) is a 413 "at least", counted from windows, ids only: the gateway's memory rose by
+    under 300 MiB (it took 20 s and rose to 1.9 GB building every token's offsets and string);
+    a request under the limit still gets every token."""
+    rng = np.random.default_rng(1)
+    letters = np.array(list("qxzjkvw"))
+    text = " ".join("".join(w) for w in letters[rng.integers(0, len(letters), (40_000, 99))])
+    r, grew = peak_rss_growth_mib(minilm_server.proc.pid, lambda: httpx.post(
+        minilm_server.url + "/tokenize", json={"inputs": text}, timeout=120))
+    assert r.status_code == 413 and r.json()["error_type"] == "Validation", r.text
+    assert "this request has at least" in r.json()["error"] and "409,600" in r.json()["error"], r.text
+    assert grew < 300, f"gateway RSS rose by {grew} MiB"
+    fits = text[:40_000]  # over 32,768 characters, ~36,000 tokens
+    r = httpx.post(minilm_server.url + "/tokenize", json={"inputs": fits}, timeout=60)
+    ref = Tokenizer.from_file(str(load_spec(None).tokenizer_path))
+    ref.no_truncation()
+    assert r.status_code == 200 and len(r.json()[0]) == len(ref.encode(fits).ids), r.text[:200]
 
 
 def test_million_characters_over_http(minilm_server) -> None:
