@@ -24,8 +24,7 @@ from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import PairFields, score_pairs
-from bouquet.text_window import PROBED_CHARS
-from bouquet.tokenization import BadTokenId, TextTokenizer
+from bouquet.tokenization import BadTokenId
 
 
 async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:
@@ -156,9 +155,7 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     prompt = gw.resolve_prompt(body)
     if prompt:
         texts = [prompt + t for t in texts]
-    if sum(map(len, texts)) > PROBED_CHARS:  # may pass the limit: find out before building the encodings
-        gw.check_tokens(await gw.run_tokenizer(tokens_at_least, texts, gw.tokenizer, gw.cfg.max_request_tokens),
-                        "inputs", at_least=True)
+    await gw.check_token_budget(texts, "inputs")  # before the encodings: a token's offsets and string each
     encs = await gw.run_tokenizer(gw.tokenizer.encodings, texts, add_special is not False)
     gw.check_tokens(sum(len(e.ids) for e in encs), "inputs")  # the reply holds an object per token
     out = []
@@ -168,35 +165,6 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
                      "start": None if span is None else span[0], "stop": None if span is None else span[1]}
                     for tid, tok, span in zip(enc.ids, enc.tokens, spans)])
     return json_response(out)
-
-
-def tokens_at_least(texts: list[str], tok: TextTokenizer, limit: int) -> int:
-    """The tokens of ``texts`` (special tokens left out), counted until they pass ``limit``: ids
-    only, in batches of about PROBED_CHARS characters, and a longer text from a window at its
-    start (``TextTokenizer.start_tokens``) grown towards the size the limit needs, while it stays
-    shorter than the text. A lower bound: past ``limit``, it proves a ``/tokenize`` request too
-    large before its encodings are built (a 4 MB body of rare 99-letter words took 20 s and left
-    the gateway at 1.9 GB for its 3.6 M tokens' offsets and strings, then was refused)."""
-    total, batch, size = 0, [], 0
-    for i, text in enumerate(texts):
-        if len(text) <= PROBED_CHARS:
-            batch.append(text)
-            size += len(text)
-        else:
-            chars, n = PROBED_CHARS, 0
-            while (got := tok.start_tokens(text, chars)) is not None:
-                used, n = got
-                want = max(2 * chars, (limit - total + 1) * used // max(n, 1) * 11 // 10)  # at least doubled
-                if total + n > limit or want >= len(text):
-                    break
-                chars = want
-            total += n
-        if size > PROBED_CHARS or i == len(texts) - 1:
-            total += sum(map(len, tok.plain_ids(batch))) if batch else 0
-            batch, size = [], 0
-        if total > limit:
-            break
-    return total
 
 
 async def info_route(models: Catalog) -> Response:

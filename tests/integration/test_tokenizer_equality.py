@@ -288,19 +288,24 @@ def test_body_of_long_rare_words_truncation_off_is_refused_at_once(minilm_server
     assert "(queries are never truncated; shorten it)" in err["message"], err
 
 
-def test_tokenize_past_the_token_limit_is_refused_before_its_encodings(minilm_server) -> None:
-    """Through the real server: ``/tokenize`` of a 4 MB body of rare 99-letter words (3.6 M
-    tokens) is a 413 "at least", counted from windows, ids only: the gateway's memory rose by
-    under 300 MiB (it took 20 s and rose to 1.9 GB building every token's offsets and string);
-    a request under the limit still gets every token."""
+@pytest.mark.parametrize("path,body", [("/tokenize", {}), ("/v1/embeddings", {"long_input": "chunk_mean"})])
+def test_past_the_token_limit_is_refused_before_offsets_or_windows(minilm_server, path: str, body: dict) -> None:
+    """Through the real server: ``/tokenize`` or ``chunk_mean`` of a 4 MB body of rare 99-letter
+    words (3.6 M tokens) is a 413 "at least", counted from windows, ids only: the gateway's memory
+    rose by under 300 MiB (each took 20 s and rose by 1 to 1.8 GB building every token's offsets
+    and string, or every window, before the 413); a ``/tokenize`` under the limit gets every token."""
     rng = np.random.default_rng(1)
     letters = np.array(list("qxzjkvw"))
     text = " ".join("".join(w) for w in letters[rng.integers(0, len(letters), (40_000, 99))])
+    field = "inputs" if path == "/tokenize" else "input"
     r, grew = peak_rss_growth_mib(minilm_server.proc.pid, lambda: httpx.post(
-        minilm_server.url + "/tokenize", json={"inputs": text}, timeout=120))
-    assert r.status_code == 413 and r.json()["error_type"] == "Validation", r.text
-    assert "this request has at least" in r.json()["error"] and "409,600" in r.json()["error"], r.text
+        minilm_server.url + path, json={field: text, **body}, timeout=120))
+    assert r.status_code == 413, r.text
+    message = r.json()["error"] if path == "/tokenize" else r.json()["error"]["message"]
+    assert "this request has at least" in message and "409,600" in message, r.text
     assert grew < 300, f"gateway RSS rose by {grew} MiB"
+    if path != "/tokenize":
+        return
     fits = text[:40_000]  # over 32,768 characters, ~36,000 tokens
     r = httpx.post(minilm_server.url + "/tokenize", json={"inputs": fits}, timeout=60)
     ref = Tokenizer.from_file(str(load_spec(None).tokenizer_path))
