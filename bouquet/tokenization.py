@@ -310,6 +310,10 @@ class TextTokenizer:
         fast path (tokie's WordPiece) its ``Template.wrap_pair`` does the same (tested equal)."""
         unique = list(dict.fromkeys(q for q, _ in pairs))
         docs = [d for _, d in pairs]
+        first = None if truncate else self._too_long_start(docs)  # a document too long alone: as ``encode``
+        if first is not None:
+            self.encode_pairs(pairs[:first[0]], side, False)
+            raise TooLong(*first, self.spec.max_seq_length, at_least=True)
         long_docs = self._windowed(docs) if truncate else []
         fast = self._fast
         # A limit of at most the pair template's own tokens is left to tokenizers, whose post_process

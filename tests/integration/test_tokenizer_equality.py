@@ -208,6 +208,9 @@ def test_truncation_off_refuses_a_long_text_from_its_start(model_dirs, kind: str
     assert (e.value.index, e.value.at_least) == (1, True) and e.value.count > 256, e.value
     assert "at least" in e.value.detail and "counted in its start only" in e.value.detail
     assert min(times) <= 0.005, f"{kind}: {min(times) * 1e3:.1f} ms"
+    with pytest.raises(TooLong) as e:  # a pair's document: the same (cross-encoders, truncation off)
+        tt.encode_pairs([("a query", "a document"), ("a query", huge)], "right", False)
+    assert (e.value.index, e.value.at_least) == (1, True) and e.value.count > 256, e.value
     first = prose(1_500)  # over 256 tokens, too short to be probed: counted whole
     with pytest.raises(TooLong) as e:
         tt.encode([first, huge], False)
