@@ -214,4 +214,3 @@ def test_unknown_model_is_404_on_every_post_route(minilm_server):
         else:
             assert r.json()["error_type"] == "Validation"
         assert httpx.post(minilm_server.url + path, json=body, timeout=60).status_code == 200, path
-
