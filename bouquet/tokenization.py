@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 import tokenizers
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelError, ModelSpec
-from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN, Side, margin, same_end,
-                                 window)
+from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, PROBED_CHARS, SPACE, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN,
+                                 Side, bert_boundary, margin, same_end, window)
 from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
@@ -42,12 +42,14 @@ class BadTokenId(ValueError):
 
 
 class TooLong(ValueError):
-    """Input ``index`` has ``count`` tokens, more than the model's ``limit``; ``detail`` as BadTokenId's."""
+    """Input ``index`` has ``count`` tokens (``at_least``: that many in its start alone), more than
+    the model's ``limit``; ``detail`` as BadTokenId's."""
 
-    def __init__(self, index: int, count: int, limit: int) -> None:
-        self.detail = f"has {count} tokens, more than the model's maximum of {limit} (truncation is off)"
+    def __init__(self, index: int, count: int, limit: int, at_least: bool = False) -> None:
+        counted = f"at least {count} tokens (counted in its start only)" if at_least else f"{count} tokens"
+        self.detail = f"has {counted}, more than the model's maximum of {limit} (truncation is off)"
         super().__init__(f"input {index} {self.detail}")
-        self.index, self.count, self.limit = index, count, limit
+        self.index, self.count, self.limit, self.at_least = index, count, limit, at_least
 
 
 class NoRoom(ValueError):
@@ -135,6 +137,10 @@ class TextTokenizer:
         self.max_len = spec.max_seq_length - self.appended
         self._plain = base
         self._whole_words = isinstance(base.model, models.WordPiece)  # see _bounded
+        norm = base.normalizer
+        bert = (self._whole_words and isinstance(base.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+                and isinstance(norm, normalizers.BertNormalizer))
+        self._cuts = bert_boundary(norm.handle_chinese_chars) if bert else SPACE  # where a window may end (_bounded)
         path = str(spec.tokenizer_path)
         self._fast: FastBPE | FastWordPiece | FastUnigram | None = (
             fast_bpe(base, path) or fast_wordpiece(base, path) or fast_unigram(base, path))
@@ -196,7 +202,7 @@ class TextTokenizer:
             batch: list[str] = []
             slots = []
             for i in todo:
-                part, clean = window(texts[i], side, chars[i])
+                part, clean = window(texts[i], side, chars[i], self._cuts)
                 parts[i] = part
                 slots.append((i, len(batch), len(part) == len(texts[i]), clean))
                 batch.append(part)
@@ -236,6 +242,12 @@ class TextTokenizer:
 
     def encode(self, texts: list[str], truncate: bool = True, side: Side = "right") -> Encoded:
         """Texts → token ids. Raises TooLong (first offending index) when truncation is off."""
+        if not truncate and len(texts) > 1 and sum(map(len, texts)) > PROBED_CHARS:
+            return self._encode_stepwise(texts)
+        first = None if truncate else self._too_long_start(texts)
+        if first is not None:  # refused without tokenizing it whole, unless a text before it is too long
+            self.encode(texts[:first[0]], False)
+            raise TooLong(*first, self.spec.max_seq_length, at_least=True)
         fast, long_idx = self._fast, self._windowed(texts) if truncate else []
         keep = self.max_len - fast.template.added if fast is not None and truncate else None
         if fast is not None and (keep is None or keep > 0):  # the fast path's ids, cut and wrapped as the post-processor does
@@ -254,6 +266,46 @@ class TextTokenizer:
         ids = [self._finish(x) for x in seqs]
         return Encoded(ids, None, int(sum(len(x) for x in ids)))
 
+    def _encode_stepwise(self, texts: list[str]) -> Encoded:
+        """Truncation off: ``encode`` of consecutive batches of at most PROBED_CHARS characters (a
+        longer text alone), so that the first too-long text spares the rest their tokenization
+        (4,096 texts of rare 99-letter words took 16 s before their 400)."""
+        bounds, start, size = [], 0, 0
+        for i, t in enumerate(texts):
+            if i > start and size + len(t) > PROBED_CHARS:
+                bounds.append((start, i))
+                start, size = i, 0
+            size += len(t)
+        bounds.append((start, len(texts)))
+        out = []
+        for a, b in bounds:
+            try:
+                out.append(self.encode(texts[a:b], False))
+            except TooLong as e:
+                raise TooLong(a + e.index, e.count, e.limit, e.at_least) from None
+        return Encoded.joined(out)
+
+    def start_tokens(self, text: str, chars: int) -> tuple[int, int] | None:
+        """(characters, tokens without special tokens) of a window at the start of ``text`` of about
+        ``chars`` characters, cut at a word boundary (``window``), so that its tokens are the whole
+        text's first ones; None when no boundary is near ``chars``."""
+        part, clean = window(text, "right", chars, self._cuts)
+        return (len(part), len(self.plain_ids([part])[0])) if clean else None
+
+    def _too_long_start(self, texts: list[str]) -> tuple[int, int] | None:
+        """(index, its tokens) of the first text over PROBED_CHARS characters (and ``_windowed``)
+        whose start, cut clean at a word boundary (``window``), already holds more than
+        ``max_len`` tokens; None when none does. Truncation off, such a text is refused from a
+        window of ~1,700 characters (256-token models) instead of the whole text: a 4 MB body took
+        up to 16 s of tokenization to count its tokens exactly."""
+        long_idx = [i for i in self._windowed(texts) if len(texts[i]) > PROBED_CHARS]
+        chars = (self.max_len + margin(self.max_len)) * WINDOWED_CHARS_PER_TOKEN
+        cuts = [window(texts[i], "right", chars, self._cuts) for i in long_idx]
+        for i, (_, clean), ids in zip(long_idx, cuts, self.plain_ids([c[0] for c in cuts]) if cuts else []):
+            if clean and len(ids) > self.max_len:
+                return i, len(ids)
+        return None
+
     def encode_pairs(self, pairs: list[tuple[str, str]], side: Side = "right", truncate: bool = True) -> Encoded:
         """(query, document) pairs → ids and token types; over-long pairs lose document tokens
         only (``only_second``), never query tokens. Raises TooLong when ``truncate`` is off, and
@@ -266,6 +318,10 @@ class TextTokenizer:
         fast path (tokie's WordPiece) its ``Template.wrap_pair`` does the same (tested equal)."""
         unique = list(dict.fromkeys(q for q, _ in pairs))
         docs = [d for _, d in pairs]
+        first = None if truncate else self._too_long_start(docs)  # a document too long alone: as ``encode``
+        if first is not None:
+            self.encode_pairs(pairs[:first[0]], side, False)
+            raise TooLong(*first, self.spec.max_seq_length, at_least=True)
         long_docs = self._windowed(docs) if truncate else []
         fast = self._fast
         # A limit of at most the pair template's own tokens is left to tokenizers, whose post_process

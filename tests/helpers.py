@@ -9,9 +9,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import httpx
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from bouquet.bench.sts import read_sts as _read_sts
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 # Server logs of this test run, in one folder removed when the run ends (a failing test puts the
 # log's tail in its message).
 LOG_DIR = Path(tempfile.mkdtemp(prefix="bouquet-test-logs-"))
@@ -42,6 +44,31 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def peak_rss_growth_mib(pid: int, work: Callable[[], T]) -> tuple[T, int]:
+    """``work()``'s result and how far process ``pid``'s RSS rose above its level before, at its
+    highest while ``work`` ran (MiB, sampled every 20 ms)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss() -> int:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page >> 20
+
+    before, peak, done = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    try:
+        out = work()
+    finally:
+        done.set()
+        watcher.join()
+    return out, max(0, peak[0] - before)
 
 
 def grpc_health(address: str) -> bytes:

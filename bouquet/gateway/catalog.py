@@ -16,7 +16,7 @@ from typing import Any, Literal, Sequence
 
 from bouquet.config import ConfigError, ServeConfig
 from bouquet.gateway.core import Gateway
-from bouquet.gateway.errors import APIError, bad_request, json_type
+from bouquet.gateway.errors import APIError, bad_request, cut, json_type
 from bouquet.modelspec import ModelSpec
 
 # The model a POST route needs: "embed" (embedding routes), "sparse" (/embed_sparse: the first
@@ -86,7 +86,7 @@ class Catalog:
             if not isinstance(model, str):
                 raise bad_request(f"'model' must be a string, got {json_type(model)}", "model", "invalid_type")
             served = ", ".join(f"'{g.public_id}'" for g in self.gateways)
-            raise APIError(404, f"The model '{model}' does not exist; this server serves {served}", "model",
+            raise APIError(404, f"The model '{cut(model)}' does not exist; this server serves {served}", "model",
                            "model_not_found")
         return gw
 

@@ -15,12 +15,13 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from bouquet.config import ServeConfig
-from bouquet.gateway.errors import APIError, bad_request, json_type
+from bouquet.gateway.errors import APIError, bad_request, cut, json_type
 from bouquet.gateway.inputs import TextInputs, opt_str
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas import ReplicaPool
 from bouquet.modelspec import ModelSpec, resolve_prompt
 from bouquet.proto import bouquet_pb2 as pb
+from bouquet.text_window import PROBED_CHARS
 from bouquet.tokenization import BadTokenId, Encoded, NoRoom, TextTokenizer, TooLong
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs); above it the
@@ -57,7 +58,7 @@ class Gateway:
         if model not in self.names:
             aliases = sorted(self.names - {self.public_id})
             also = f" (also named {', '.join(repr(a) for a in aliases)})" if aliases else ""
-            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.public_id}'{also}",
+            raise APIError(404, f"The model '{cut(model)}' does not exist; this server serves '{self.public_id}'{also}",
                            "model", "model_not_found")
 
     async def run_tokenizer(self, fn: Any, *args: Any) -> Any:
@@ -138,15 +139,27 @@ class Gateway:
         finally:
             self.metrics.inference_seconds.observe(time.perf_counter() - t0)
 
-    def check_tokens(self, tokens: int, param: str | None) -> None:
+    def check_tokens(self, tokens: int, param: str | None, at_least: bool = False) -> None:
         """One request's token limit (``--max-request-tokens``), checked after tokenization and
         before any work on the replicas: ``tokens`` are all the request's tokens as the model would
-        run them (truncated, special tokens included). Raises APIError 413 naming the limit and its
-        flag (``param``: the request field holding the inputs)."""
+        run them (truncated, special tokens included; ``at_least``: counted only until past the
+        limit). Raises APIError 413 naming the limit and its flag (``param``: the request field
+        holding the inputs)."""
         limit = self.cfg.max_request_tokens
         if tokens > limit:
-            raise APIError(413, f"this request has {tokens:,} tokens after tokenization, more than the limit of {limit:,} "
+            counted = f"at least {tokens:,} tokens (counted until past the limit)" if at_least else f"{tokens:,} tokens"
+            raise APIError(413, f"this request has {counted} after tokenization, more than the limit of {limit:,} "
                            "per request (--max-request-tokens); split it into smaller requests", param, "too_many_tokens")
+
+    async def check_token_budget(self, texts: list[str], param: str) -> None:
+        """For the routes that tokenize texts whole and build more than ids from them (``/tokenize``'s
+        offsets and token strings, the chunk modes' windows): a request of more than PROBED_CHARS
+        characters is first counted, ids only, until past ``--max-request-tokens`` (``tokens_at_least``).
+        Raises APIError 413 ("at least") past it: 4 MB of rare 99-letter words took 20 s and left the
+        gateway at 1.9 GB (``/tokenize``), 20 s and +1 GB (``chunk_mean``), before their 413."""
+        if sum(map(len, texts)) > PROBED_CHARS:
+            counted = await self.run_tokenizer(tokens_at_least, texts, self.tokenizer, self.cfg.max_request_tokens)
+            self.check_tokens(counted, param, at_least=True)
 
     async def tokenize(self, inputs: TextInputs, truncate: bool, side: str, prompt: str | None = None,
                        param: str = "input", spent: int = 0) -> Encoded:
@@ -190,6 +203,34 @@ class Gateway:
             raise bad_request(str(e.args[0]), "prompt_name", "invalid_value") from None
 
 
+def tokens_at_least(texts: list[str], tok: TextTokenizer, limit: int) -> int:
+    """The tokens of ``texts`` (special tokens left out), counted until they pass ``limit``: ids
+    only, in batches of about PROBED_CHARS characters, and a longer text from a window at its
+    start (``TextTokenizer.start_tokens``) grown towards the size the limit needs, while it stays
+    shorter than the text. A lower bound: past ``limit``, it proves a request too large
+    (``Gateway.check_token_budget``)."""
+    total, batch, size = 0, [], 0
+    for i, text in enumerate(texts):
+        if len(text) <= PROBED_CHARS:
+            batch.append(text)
+            size += len(text)
+        else:
+            chars, n = PROBED_CHARS, 0
+            while (got := tok.start_tokens(text, chars)) is not None:
+                used, n = got
+                want = max(2 * chars, (limit - total + 1) * used // max(n, 1) * 11 // 10)  # at least doubled
+                if total + n > limit or want >= len(text):
+                    break
+                chars = want
+            total += n
+        if size > PROBED_CHARS or i == len(texts) - 1:
+            total += sum(map(len, tok.plain_ids(batch))) if batch else 0
+            batch, size = [], 0
+        if total > limit:
+            break
+    return total
+
+
 def shard_of(encode: Callable[..., Encoded]) -> Callable[..., Encoded]:
     """``encode(items, *args)`` as a ``run_sharded`` shard function: ``(items, first, *args)``, a
     TooLong or NoRoom naming the item's index in the whole request (``first`` + its index in the shard)."""
@@ -198,7 +239,7 @@ def shard_of(encode: Callable[..., Encoded]) -> Callable[..., Encoded]:
         try:
             return encode(items, *args)
         except TooLong as e:
-            raise TooLong(first + e.index, e.count, e.limit) from None
+            raise TooLong(first + e.index, e.count, e.limit, e.at_least) from None
         except NoRoom as e:
             raise NoRoom(first + e.index, e.detail) from None
 

@@ -71,6 +71,12 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def cut(text: str, limit: int = 200) -> str:
+    """``text`` as it was sent, cut to ``limit`` characters, for a message that quotes a client's
+    string (a 1 MB model name came back whole in its 404)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def internal_error(exc: BaseException) -> APIError:
     """The 500 answer for an unexpected exception: names its type only (details go to the log)."""
     return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error")

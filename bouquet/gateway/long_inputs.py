@@ -72,6 +72,7 @@ async def embed_long(gw: Gateway, inputs: TextInputs, prompt: str | None, normal
     overlap = overlap_for(tok.max_len)
     if inputs.texts is not None:
         texts = [prompt + t for t in inputs.texts] if prompt else inputs.texts
+        await gw.check_token_budget(texts, param)  # the windows hold at least every token of the text
         per_input = await gw.run_tokenizer(tok.windows, texts, overlap, len(prompt or ""))
         has_chars = True
     else:

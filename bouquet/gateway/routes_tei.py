@@ -155,6 +155,7 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     prompt = gw.resolve_prompt(body)
     if prompt:
         texts = [prompt + t for t in texts]
+    await gw.check_token_budget(texts, "inputs")  # before the encodings: a token's offsets and string each
     encs = await gw.run_tokenizer(gw.tokenizer.encodings, texts, add_special is not False)
     gw.check_tokens(sum(len(e.ids) for e in encs), "inputs")  # the reply holds an object per token
     out = []

@@ -100,7 +100,8 @@ async def encode_pairs(gw: Gateway, queries: list[str], docs: list[str], *, trun
         return Encoded.joined(await gw.run_sharded(shard_of(gw.tokenizer.encode_pairs), pairs, side, truncate))
     except TooLong as e:
         where = fields.doc_at(e.index)
-        raise bad_request(f"{where}: pair {e.index} has {e.count} tokens, more than the model's maximum of {e.limit} "
+        counted = f"at least {e.count} tokens (counted in its document's start only)" if e.at_least else f"{e.count} tokens"
+        raise bad_request(f"{where}: pair {e.index} has {counted}, more than the model's maximum of {e.limit} "
                           "(truncation is off)", where, "context_length_exceeded") from None
     except NoRoom as e:  # the request field of that pair's query, as _templated names it
         where = fields.query_at(e.index)

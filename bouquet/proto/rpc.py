@@ -8,7 +8,7 @@ to import under an older grpcio runtime (the H200 image has 1.84). The message c
 from __future__ import annotations
 
 import hmac
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -91,13 +91,14 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, api_key: str) -> None:
         self._expected = api_key.encode()
 
-        async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        async def refuse(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "missing or invalid 'authorization: Bearer' metadata; this replica requires the API key")
             raise AssertionError("unreachable: abort raises")
 
-        # raw bytes in and out: a refused call's request is never parsed
-        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+        # A refused call's request is never read (_UNREAD): a client without the key made the
+        # replica take in up to MAX_MESSAGE_BYTES per call before its refusal.
+        self._refuse = grpc.stream_unary_rpc_method_handler(refuse)
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
@@ -136,6 +137,11 @@ class InferenceStub:
         return keyed
 
 
+# _UNREAD: the handlers that answer without the request (health, and every refusal for a missing
+# API key, both open to any client) take it as a stream they never read: grpc reads a unary request
+# whole, up to MAX_MESSAGE_BYTES, before its handler runs, while an unread stream stays behind HTTP/2
+# flow control. A unary client calls them as it calls any method (one message each way on the wire).
+
 # The standard gRPC health service (grpc.health.v1.Health/Check), so that Kubernetes' native
 # `grpc:` readiness probe works without extra packages. Its two messages are tiny and fixed:
 # HealthCheckResponse{status = SERVING (1) | NOT_SERVING (2)} is field 1, varint.
@@ -144,11 +150,11 @@ HEALTH_SERVING, HEALTH_NOT_SERVING = b"\x08\x01", b"\x08\x02"
 
 
 def add_health(server: grpc.aio.Server, is_ready: Callable[[], bool]) -> None:
-    """Answer ``Check`` with SERVING while ``is_ready()`` (raw bytes in and out; the request's
-    ``service`` name is ignored: a replica serves one model)."""
+    """Answer ``Check`` with SERVING while ``is_ready()`` (raw bytes out; the request is not read
+    (_UNREAD), its ``service`` name ignored: a replica serves one model)."""
 
-    async def check(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def check(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
         return HEALTH_SERVING if is_ready() else HEALTH_NOT_SERVING
 
-    handler = grpc.unary_unary_rpc_method_handler(check)
+    handler = grpc.stream_unary_rpc_method_handler(check)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": handler}),))

@@ -75,7 +75,7 @@ class _Connection(asyncio.Protocol):
             if call.with_types:
                 half = len(ids) // 2
                 ids, tts = ids[:half], ids[half:]
-            seqs, types = decode_sequences(ids, body[:4 * b], tts, svc.spec)
+            seqs, types = decode_sequences(ids, body[:4 * b], tts, svc.spec, call.per_token)
             dims = svc.check_dimensions(call.dimensions)
             self.live[call.id] = svc.submit(seqs, types, call.priority, lambda r: self._finish(call, dims, r, t0),
                                             per_token=call.per_token, pool_skip=call.pool_skip, dimensions=dims)

@@ -27,6 +27,7 @@ from bouquet.engine.runtime.contract import ResultHandle, StepEngine
 from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
+from bouquet.proto.rpc import MAX_MESSAGE_BYTES
 from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler
 from bouquet.server.stats import ReplicaStats
 
@@ -42,16 +43,23 @@ def log_traced(traceparent: str, request_id: str, num_seqs: int, outcome: str, t
              num_seqs, outcome, (time.perf_counter() - t0) * 1e3)
 
 
+# The largest reply a call may ask for: the float32 rows, with room left for the rest of the message
+# under gRPC's limit (rpc.MAX_MESSAGE_BYTES), which no larger reply could be sent through.
+MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 4096
+
+
 class RequestError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message
 
 
-def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: bytes,
-                     spec: ModelSpec) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
+def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: bytes, spec: ModelSpec,
+                     per_token: bool = False) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
     """Split packed int32 LE bytes (ids [T], lengths [B], token types [T] or empty) into
-    per-sequence arrays; validates lengths, ids and types. Shared by the gRPC and IPC front ends.
+    per-sequence arrays; validates lengths, ids and types, and the size of the reply the call
+    asks for (``check_reply_size``; ``per_token``: one row per token). Shared by the gRPC and IPC
+    front ends.
 
     Raises RequestError(INVALID_ARGUMENT) naming the offending sequence or field.
     """
@@ -59,6 +67,8 @@ def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: byt
         if len(raw) % 4:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"{name} has {len(raw)} bytes, not a whole number of int32 (4-byte) values")
+    # before any per-sequence work: a 16 MB call asked for GBs of rows, all computed, then refused
+    check_reply_size(len(input_ids if per_token else lengths_bytes) // 4, per_token, spec)
     ids = np.frombuffer(input_ids, dtype="<i4")
     # The lengths as Python ints: a request holds few sequences, and Python's min/max/sum and
     # slicing cost less than numpy's reductions and np.split on arrays that small.
@@ -95,9 +105,27 @@ def decode_sequences(input_ids: bytes, lengths_bytes: bytes, token_type_ids: byt
     return seqs, tts
 
 
+def check_reply_size(rows: int, per_token: bool, spec: ModelSpec) -> None:
+    """Refuse a call whose reply would exceed MAX_REPLY_BYTES: ``rows`` float32 rows of the model's
+    full width (``spec.dimension`` per sequence, ``spec.token_width`` per token with ``per_token``;
+    the engine computes full rows before any Matryoshka truncation). A larger reply could not be
+    sent (gRPC answered RESOURCE_EXHAUSTED once every row was computed, the replica holding several
+    copies of them meanwhile); the gateway's calls stay far below (``--chunk-tokens``).
+
+    Raises RequestError(INVALID_ARGUMENT) naming the rows, their width and the limit.
+    """
+    width = spec.token_width if per_token else spec.dimension
+    size = rows * width * 4
+    if size > MAX_REPLY_BYTES:
+        kind = "token" if per_token else "sequence"
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"the reply would hold {rows:,} {kind} rows of {width} float32 values ({size:,} bytes), "
+                           f"more than the {MAX_REPLY_BYTES:,} bytes a reply may take; split the call")
+
+
 def decode_request(req: pb.EmbedRequest, spec: ModelSpec) -> tuple[list[np.ndarray], list[np.ndarray | None] | None]:
     """``decode_sequences`` of a gRPC ``EmbedRequest``."""
-    return decode_sequences(req.input_ids, req.lengths, req.token_type_ids, spec)
+    return decode_sequences(req.input_ids, req.lengths, req.token_type_ids, spec, req.per_token)
 
 
 class InferenceService:

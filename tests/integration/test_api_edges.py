@@ -188,6 +188,18 @@ def test_cosine_scores_stay_in_range(minilm_server):
     assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] == 1.0
 
 
+def test_unknown_model_name_is_quoted_cut(minilm_server):
+    """A 404's message quotes an unknown model name cut to 200 characters (a 1 MB name came back
+    whole), on POST routes and on ``GET /v1/models/{model}``."""
+    name = "m" * 1_000_000
+    r = minilm_server.embed("hi", model=name)
+    err = openai_error(r, 404, "model", "model_not_found")
+    assert f"The model '{'m' * 199}…' does not exist" in err["message"] and len(r.content) < 1_000, err
+    r = httpx.get(minilm_server.url + "/v1/models/" + "m" * 50_000, timeout=60)
+    assert r.status_code == 404 and len(r.content) < 1_000, r.text[:300]
+    assert minilm_server.embed("hi", model="nope").json()["error"]["message"].startswith("The model 'nope' does not exist")
+
+
 def test_unknown_model_is_404_on_every_post_route(minilm_server):
     """A single-model server refuses a name it does not serve on the TEI routes too (they have no
     ``model`` field in TEI, but docs/api.md accepts one on every POST route)."""

@@ -128,6 +128,10 @@ def test_scoring_errors(cross_server):
     for doc, got in (({"txt": "b"}, "got an object without 'text'"), ({"text": None}, "got 'text' as null"), (7, "got a number")):
         msg = post(cross_server, "/v1/rerank", {"query": "q", "documents": ["a", doc]}).json()["error"]["message"]
         assert msg.endswith(got), (doc, msg)
+    # truncation off, a document of 42,000 characters is refused from its start ("at least"), not tokenized whole
+    msg = post(cross_server, "/v1/rerank", {"query": "q", "documents": ["a", "cats eat fish " * 3_000],
+                                            "truncate": False}).json()["error"]["message"]
+    assert msg.startswith("documents[1]: pair 1 has at least") and "(truncation is off)" in msg, msg
     r = post(cross_server, "/rerank", {"query": "q"})
     assert r.status_code == 400 and set(r.json()) == {"error", "error_type"}
     r = post(cross_server, "/v1/embeddings", {"input": "x"})

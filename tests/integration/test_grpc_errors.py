@@ -4,7 +4,8 @@ naming the field, before anything reaches the engine, and answers the next good 
 model's types reached the engine as an IndexError, an unknown priority and ``dimensions`` with
 ``per_token`` were served without a word. A ``pool_skip`` covering a whole sequence is
 not an error: mean pooling then gives the zero vector sentence-transformers gives, CLS and last-token
-pooling ignore it.)"""
+pooling ignore it. A call whose reply could not fit a gRPC message, 1.4 MB of ids asking for 540 MB of
+per-token rows, ran to the end, held GBs, then failed RESOURCE_EXHAUSTED; it is refused up front.)"""
 from __future__ import annotations
 
 import re
@@ -39,6 +40,9 @@ def _i32(*v: int) -> bytes:
 
 
 GOOD = dict(input_ids=_i32(101, 7592, 2088, 102), lengths=_i32(4))
+# 350,000 rows of 384 float32: 537.6 MB, just past the 512 MiB a gRPC message may carry
+ROWS = 350_000
+IDS = np.full(ROWS, 101, dtype="<i4").tobytes()
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -51,6 +55,10 @@ GOOD = dict(input_ids=_i32(101, 7592, 2088, 102), lengths=_i32(4))
     (dict(GOOD, priority=7), r"priority must be 0 \(auto\), 1 \(interactive\) or 2 \(batch\), got 7"),
     (dict(GOOD, per_token=True, dimensions=10), "dimensions .* applies to pooled rows, not to per_token outputs"),
     (dict(input_ids=_i32(101, 30522), lengths=_i32(2)), r"token id 30522 is outside the vocabulary \[0, 30522\)"),
+    (dict(input_ids=IDS, lengths=np.full(ROWS // 250, 250, dtype="<i4").tobytes(), per_token=True),
+     r"the reply would hold 350,000 token rows of 384 float32 values \(537,600,000 bytes\), more than the "
+     r"536,866,816 bytes"),
+    (dict(input_ids=IDS, lengths=np.ones(ROWS, dtype="<i4").tobytes()), "350,000 sequence rows of 384 float32"),
 ])
 def test_malformed_request_is_invalid_argument_and_the_next_one_works(replica, fields, message):
     with pytest.raises(grpc.RpcError) as e:

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +24,7 @@ import pytest
 
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.proto.rpc import HEALTH_SERVING, SERVICE
-from helpers import BouquetProcess, GrpcServer, free_port, grpc_health
+from helpers import BouquetProcess, GrpcServer, free_port, grpc_health, peak_rss_growth_mib
 
 KEY = "sk-test-39"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -79,6 +80,31 @@ def test_health_without_the_key_tells_its_status_only(keyed_server):
 def test_replica_grpc_port_needs_the_key(keyed_server):
     assert_needs_key(replica_of(keyed_server)["address"], KEY)
     assert httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "still served"}, headers=AUTH).status_code == 200
+
+
+def test_a_client_without_the_key_cannot_make_the_replica_take_in_its_request(keyed_server):
+    """Refusals and health checks answer without reading the request: two 150 MiB Embed calls without
+    the key and a 150 MiB health check left the replica's memory where it was (they raised its RSS by
+    1.7 GiB for 3 × 300 MiB: grpc read each unary request whole, up to 512 MiB, before refusing it)."""
+    replica = replica_of(keyed_server)
+    msg = pb.EmbedRequest(input_ids=bytes(150 << 20)).SerializeToString()
+
+    def send(method: str) -> grpc.StatusCode:
+        with grpc.insecure_channel(replica["address"], options=[("grpc.max_send_message_length", 1 << 30)]) as ch:
+            try:
+                ch.unary_unary(method)(msg, timeout=60)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+    def calls() -> list[grpc.StatusCode]:
+        with ThreadPoolExecutor(3) as pool:
+            return list(pool.map(send, [f"/{SERVICE}/Embed", f"/{SERVICE}/Embed", "/grpc.health.v1.Health/Check"]))
+
+    codes, grew = peak_rss_growth_mib(replica["pid"], calls)
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 2 + [grpc.StatusCode.OK]
+    assert grew < 100, f"replica RSS rose by {grew} MiB"
+    assert call(replica["address"], "Embed", (("authorization", f"Bearer {KEY}"),)).num_tokens == 3  # type: ignore[attr-defined]
 
 
 def test_replica_socket_is_private_and_its_key_came_through_a_pipe(keyed_server):

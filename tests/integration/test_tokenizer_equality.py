@@ -14,13 +14,14 @@ import importlib.util
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
-from bouquet.tokenization import TextTokenizer
-from tests.helpers import read_sts
+from bouquet.tokenization import TextTokenizer, TooLong
+from tests.helpers import peak_rss_growth_mib, read_sts
 
 QWEN_EOS = 151643
 
@@ -99,6 +100,9 @@ def cases() -> list[str]:
         ("a\x00b\x01c\x7f\u200b\u200d\ufeff tab\there\nnewline\r\n\x0b\x0c end café ﬁ ＡＢＣ e\u0301 " * 150),
         ("مرحبا بالعالم " + "Ωmega naïve 12345678901234567890 " + "<|endoftext|> [CLS] </s> ") * 150,
         "   " * 1500 + prose(5_000) + "\n\n\n" * 1200,
+        # no space to cut at: BERT's cuts next to punctuation and ideographs (text_window.bert_boundary),
+        # none next to the controls its normalizer drops (\x0b, \x0c glue "a" and "b" into one word)
+        "!" * 12_000, "一二三四五六七八九十" * 1_200, "a\x0bb\x0cc.d" * 2_000, "x\u0301!y\u3001z" * 2_000,
     ]
 
 
@@ -158,13 +162,8 @@ def test_untruncated_paths_are_the_library_s(model_dirs, kind: str) -> None:
         assert np.array_equal(a, tt.finish(b.ids))
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
-def test_million_characters_truncate_in_5_ms(model_dirs, kind: str) -> None:
-    """A 1,000,000-character text truncated to 256 tokens: <= 5 ms of tokenization (the best of a
-    few runs, for a loaded machine; tokenizing it whole takes ~0.7 s), either side."""
-    text = prose(1_000_000)
-    assert len(text) == 1_000_000
-    tt = make(model_dirs, kind, 256)
+def assert_truncates_in_5_ms(tt: TextTokenizer, text: str, what: str) -> None:
+    """``text`` truncated to 256 tokens at either end in <= 5 ms (the best of 7 runs, for a loaded machine)."""
     for side in ("right", "left"):
         times = []
         for _ in range(7):
@@ -172,7 +171,149 @@ def test_million_characters_truncate_in_5_ms(model_dirs, kind: str) -> None:
             enc = tt.encode([text], True, side)
             times.append(time.perf_counter() - t0)
         assert len(enc.ids[0]) == 256
-        assert min(times) <= 0.005, f"{kind} {side}: {min(times) * 1e3:.1f} ms"
+        assert min(times) <= 0.005, f"{what} {side}: {min(times) * 1e3:.1f} ms"
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_million_characters_truncate_in_5_ms(model_dirs, kind: str) -> None:
+    """A 1,000,000-character text truncated to 256 tokens: <= 5 ms of tokenization (tokenizing it
+    whole takes ~0.7 s), either side."""
+    text = prose(1_000_000)
+    assert len(text) == 1_000_000
+    assert_truncates_in_5_ms(make(model_dirs, kind, 256), text, kind)
+
+
+def test_texts_without_spaces_truncate_in_5_ms_with_bert_cuts(model_dirs) -> None:
+    """WordPiece with BERT's pre-tokenizer: 1,000,000 characters of punctuation, or of ideographs,
+    truncated at either end in <= 5 ms (a window cut next to one of them; before, with only a
+    space as a cut, such a text was tokenized whole, twice over: 2.2 s and more)."""
+    for text in ("!" * 1_000_000, "一二" * 500_000):
+        assert_truncates_in_5_ms(make(model_dirs, "wordpiece", 256), text, repr(text[:2]))
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_truncation_off_refuses_a_long_text_from_its_start(model_dirs, kind: str) -> None:
+    """Truncation off, a text over 32,768 characters whose first ~1,700 (cut at a word boundary)
+    already hold more than the limit is refused from them, in <= 5 ms for 1,000,000 characters
+    ("at least" the tokens counted there); a shorter text is counted exactly, and named first when
+    it comes before; a long text of few tokens is tokenized whole, as the library does."""
+    tt = make(model_dirs, kind, 256)
+    huge = prose(1_000_000)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        with pytest.raises(TooLong) as e:
+            tt.encode(["A short one.", huge], False)
+        times.append(time.perf_counter() - t0)
+    assert (e.value.index, e.value.at_least) == (1, True) and e.value.count > 256, e.value
+    assert "at least" in e.value.detail and "counted in its start only" in e.value.detail
+    assert min(times) <= 0.005, f"{kind}: {min(times) * 1e3:.1f} ms"
+    with pytest.raises(TooLong) as e:  # a pair's document: the same (cross-encoders, truncation off)
+        tt.encode_pairs([("a query", "a document"), ("a query", huge)], "right", False)
+    assert (e.value.index, e.value.at_least) == (1, True) and e.value.count > 256, e.value
+    first = prose(1_500)  # over 256 tokens, too short to be probed: counted whole
+    with pytest.raises(TooLong) as e:
+        tt.encode([first, huge], False)
+    assert (e.value.index, e.value.at_least) == (0, False)
+    assert e.value.count == len(reference(tt, None).encode(first).ids) + (tt.spec.max_seq_length - tt.max_len)
+    middle = prose(30_000)  # under 32,768 characters: counted whole
+    with pytest.raises(TooLong) as e:
+        tt.encode([middle], False)
+    assert (e.value.at_least, e.value.count) == (False, len(reference(tt, None).encode(middle).ids)
+                                                 + tt.spec.max_seq_length - tt.max_len)
+    if kind == "wordpiece":  # probed by length, 2 tokens (BPE and Unigram read a run of spaces as tokens)
+        sparse = "a" + " " * 50_000 + "b"
+        assert np.array_equal(tt.encode([sparse], False).ids[0], tt.finish(reference(tt, None).encode(sparse).ids))
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_truncation_off_many_texts_in_batches_name_the_first_too_long(model_dirs, kind: str) -> None:
+    """Truncation off, texts of more than 32,768 characters in all are tokenized in consecutive
+    batches, stopping at the first too-long text: its index in the whole request and its exact
+    count; every text of a request that passes gets the library's ids."""
+    tt = make(model_dirs, kind, 256)
+    plain = reference(tt, None)
+    ok = [prose(600, 40 * k) for k in range(120)]  # 72,000 characters, ~130 tokens each
+    enc = tt.encode(ok, False)
+    assert [list(x) for x in enc.ids] == [list(tt.finish(e.ids)) for e in plain.encode_batch(ok)]
+    long = prose(1_500)
+    with pytest.raises(TooLong) as e:
+        tt.encode([*ok, long, *ok[:10]], False)
+    assert (e.value.index, e.value.at_least) == (120, False)
+    assert e.value.count == len(plain.encode(long).ids) + tt.spec.max_seq_length - tt.max_len
+
+
+def _tokenize_seconds(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("bouquet_tokenization_duration_seconds_sum")))
+
+
+def test_body_of_punctuation_costs_the_gateway_no_seconds(minilm_server) -> None:
+    """Through the real server: a 4 MB body of punctuation (no space; truncation on, the default)
+    gets the vector of its kept tokens, and its tokenization takes well under a second of the
+    gateway's (it took 10.5 s, two such requests held a 2-core gateway's tokenizer threads for
+    21 s and a 900-character request waited 20.7 s behind them)."""
+    text = "!" * 4_000_000
+    before = _tokenize_seconds(minilm_server.url)
+    r = minilm_server.embed(text)
+    spent = _tokenize_seconds(minilm_server.url) - before
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 256
+    ref = Tokenizer.from_file(str(load_spec(None).tokenizer_path))
+    ref.no_padding()
+    ref.enable_truncation(256)
+    ids = ref.encode(text[:10_000]).ids  # the first 254 "!" are the kept tokens of any longer run
+    vec = np.asarray(r.json()["data"][0]["embedding"], dtype=np.float32)
+    assert np.allclose(vec, minilm_server.vectors([ids])[0], atol=1e-6)
+    assert spent < 1.0, f"{spent:.2f} s of tokenization"
+
+
+def test_body_of_long_rare_words_truncation_off_is_refused_at_once(minilm_server) -> None:
+    """Through the real server: truncation off, a 4 MB body of 99-letter words of rare letters
+    (~90 WordPiece tokens each, WordPiece's slowest) is a 400 naming the input, after well under a
+    second of tokenization (it took 16 s: the whole text was tokenized to count its 3.6 M tokens)."""
+    rng = np.random.default_rng(0)
+    letters = np.array(list("qxzjkvw"))
+    text = " ".join("".join(w) for w in letters[rng.integers(0, len(letters), (40_000, 99))])
+    before = _tokenize_seconds(minilm_server.url)
+    r = minilm_server.embed(text, truncate=False)
+    spent = _tokenize_seconds(minilm_server.url) - before
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", "input"), err
+    assert "has at least" in err["message"] and "maximum of 256" in err["message"], err
+    assert spent < 1.0, f"{spent:.2f} s of tokenization"
+    assert minilm_server.embed("the next request").status_code == 200
+    r = httpx.post(minilm_server.url + "/v1/rerank", json={"query": text[:1_000_000], "documents": ["a"]}, timeout=60)
+    err = r.json()["error"]  # a query is never truncated: refused from its start too, worded for a query
+    assert (r.status_code, err["param"]) == (400, "query") and "has at least" in err["message"], err
+    assert "(queries are never truncated; shorten it)" in err["message"], err
+
+
+@pytest.mark.parametrize("path,body", [("/tokenize", {}), ("/v1/embeddings", {"long_input": "chunk_mean"})])
+def test_past_the_token_limit_is_refused_before_offsets_or_windows(minilm_server, path: str, body: dict) -> None:
+    """Through the real server: ``/tokenize`` or ``chunk_mean`` of a 4 MB body of rare 99-letter
+    words (3.6 M tokens) is a 413 "at least", counted from windows, ids only: the gateway's memory
+    rose by under 300 MiB (each took 20 s and rose by 1 to 1.8 GB building every token's offsets
+    and string, or every window, before the 413); a ``/tokenize`` under the limit gets every token."""
+    rng = np.random.default_rng(1)
+    letters = np.array(list("qxzjkvw"))
+    text = " ".join("".join(w) for w in letters[rng.integers(0, len(letters), (40_000, 99))])
+    field = "inputs" if path == "/tokenize" else "input"
+    r, grew = peak_rss_growth_mib(minilm_server.proc.pid, lambda: httpx.post(
+        minilm_server.url + path, json={field: text, **body}, timeout=120))
+    assert r.status_code == 413, r.text
+    message = r.json()["error"] if path == "/tokenize" else r.json()["error"]["message"]
+    assert "this request has at least" in message and "409,600" in message, r.text
+    assert grew < 300, f"gateway RSS rose by {grew} MiB"
+    if path != "/tokenize":
+        return
+    fits = text[:40_000]  # over 32,768 characters, ~36,000 tokens
+    r = httpx.post(minilm_server.url + "/tokenize", json={"inputs": fits}, timeout=60)
+    ref = Tokenizer.from_file(str(load_spec(None).tokenizer_path))
+    ref.no_truncation()
+    assert r.status_code == 200 and len(r.json()[0]) == len(ref.encode(fits).ids), r.text[:200]
 
 
 def test_million_characters_over_http(minilm_server) -> None:
