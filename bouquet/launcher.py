@@ -235,7 +235,7 @@ def serve(cfg: ServeConfig) -> int:
     from bouquet.gateway.limits import GatewayConfig, HttpLimits, fit_connections
     from bouquet.layout import HOST_BOUND_BULK_PARAMS, model_parameters
     from bouquet.modelspec import load_spec
-    from bouquet.tokenization import read_tokenizer
+    from bouquet.tokenized import read_tokenizer
 
     entries = [localize_model(c) for c in cfg.per_model()]
     specs = [load_spec(c.model, c.served_model_name[0] if c.served_model_name else None) for c in entries]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,57 +21,14 @@ import tokenizers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
-from bouquet.modelspec import ModelError, ModelSpec
+from bouquet.modelspec import ModelSpec
+from bouquet.tokenized import BadTokenId, Encoded, NoRoom, TooLong, read_tokenizer
 from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, PROBED_CHARS, SPACE, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN,
                                  Side, bert_boundary, margin, same_end, window)
 from bouquet.unigram_fast import FastUnigram, fast_unigram
 from bouquet.wordpiece_fast import FastWordPiece, fast_wordpiece
 
 log = logging.getLogger(__name__)
-
-
-class BadTokenId(ValueError):
-    """Pre-tokenized input ``index`` holds an id outside the vocabulary (or no id at all).
-    ``detail``: the message without the input's name, for callers that name it their way
-    (the gateway: ``input`` or ``input[3]``)."""
-
-    def __init__(self, index: int, detail: str) -> None:
-        super().__init__(f"input {index} {detail}")
-        self.index, self.detail = index, detail
-
-
-class TooLong(ValueError):
-    """Input ``index`` has ``count`` tokens (``at_least``: that many in its start alone), more than
-    the model's ``limit``; ``detail`` as BadTokenId's."""
-
-    def __init__(self, index: int, count: int, limit: int, at_least: bool = False) -> None:
-        counted = f"at least {count} tokens (counted in its start only)" if at_least else f"{count} tokens"
-        self.detail = f"has {counted}, more than the model's maximum of {limit} (truncation is off)"
-        super().__init__(f"input {index} {self.detail}")
-        self.index, self.count, self.limit, self.at_least = index, count, limit, at_least
-
-
-class NoRoom(ValueError):
-    """Pair ``index``'s first text leaves its second no token within the model's limit."""
-
-    def __init__(self, index: int, detail: str) -> None:
-        super().__init__(f"pair {index}: {detail}")
-        self.index, self.detail = index, detail
-
-
-@dataclass(frozen=True)
-class Encoded:
-    ids: list[np.ndarray]  # int32 [len_i] each, special tokens included
-    type_ids: list[np.ndarray] | None  # only for pairs (cross-encoders)
-    num_tokens: int
-
-    @staticmethod
-    def joined(parts: list[Encoded]) -> Encoded:
-        """Consecutive parts of one batch (shards tokenized apart) as one, in order."""
-        if len(parts) == 1:
-            return parts[0]
-        types = None if parts[0].type_ids is None else [t for p in parts for t in p.type_ids or []]
-        return Encoded([x for p in parts for x in p.ids], types, sum(p.num_tokens for p in parts))
 
 
 def _spliced(items: list[Any], picked: list[int], on_picked: Any, on_rest: Any) -> list[Any]:
@@ -106,15 +62,6 @@ def _encode_ids(tok: Tokenizer, inputs: list[Any]) -> list[Any]:
     ~5% less CPU per token on this tokenizer) where the caller reads ids and type ids only."""
     fast = getattr(tok, "encode_batch_fast", None)
     return fast(inputs) if fast is not None else tok.encode_batch(inputs)
-
-
-def read_tokenizer(spec: ModelSpec) -> Tokenizer:
-    """The model's tokenizer.json as a ``tokenizers`` Tokenizer. Raises ModelError naming the file
-    when ``tokenizers`` cannot read it."""
-    try:
-        return Tokenizer.from_file(str(spec.tokenizer_path))
-    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-        raise ModelError(f"{spec.tokenizer_path} cannot be read by tokenizers: {e}") from None
 
 
 class TextTokenizer:

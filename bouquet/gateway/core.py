@@ -22,7 +22,8 @@ from bouquet.gateway.replicas import ReplicaPool
 from bouquet.modelspec import ModelSpec, resolve_prompt
 from bouquet.proto import bouquet_pb2 as pb
 from bouquet.text_window import PROBED_CHARS
-from bouquet.tokenization import BadTokenId, Encoded, NoRoom, TextTokenizer, TooLong
+from bouquet.tokenization import TextTokenizer
+from bouquet.tokenized import BadTokenId, Encoded, NoRoom, TooLong
 
 # Below this many characters tokenizing inline costs less than a thread hop (~50 µs); above it the
 # tokenizer (which releases the GIL) runs beside the event loop (docs/decisions.md, 2026-12-04).

@@ -24,7 +24,7 @@ from bouquet.gateway.core import Gateway, item_param
 from bouquet.gateway.errors import bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import BadTokenId
+from bouquet.tokenized import BadTokenId
 
 
 

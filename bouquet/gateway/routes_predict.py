@@ -33,7 +33,8 @@ from bouquet.gateway.http import json_response
 from bouquet.gateway.inputs import opt_int, opt_str
 from bouquet.gateway.routes_scoring import common_options, ranked
 from bouquet.gateway.scoring import Activation, PairFields, activate, check_instruction, encode_pairs
-from bouquet.tokenization import Encoded, Side, TooLong
+from bouquet.text_window import Side
+from bouquet.tokenized import Encoded, TooLong
 
 Item = tuple[str, str | None]  # (text, its pair's second text or None)
 _SHAPES = "a string, a pair [text, text_pair], or a batch [[text], [text, text_pair], ...]"

@@ -24,7 +24,7 @@ from bouquet.gateway.pipeline import embed
 from bouquet.gateway.routes_scoring import common_options, parse_query, parse_texts, ranked
 from bouquet.gateway.routes_openai import VERSION
 from bouquet.gateway.scoring import PairFields, score_pairs
-from bouquet.tokenization import BadTokenId
+from bouquet.tokenized import BadTokenId
 
 
 async def embed_route(gw: Gateway, body: dict[str, Any]) -> Response:

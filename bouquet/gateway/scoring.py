@@ -31,7 +31,8 @@ from bouquet.gateway.core import Gateway, shard_of
 from bouquet.gateway.errors import APIError, bad_request
 from bouquet.gateway.inputs import TextInputs
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.tokenization import Encoded, NoRoom, Side, TooLong
+from bouquet.text_window import Side
+from bouquet.tokenized import Encoded, NoRoom, TooLong
 
 Activation = Literal["auto", "softmax", "sigmoid", "none"]
 _PLACEHOLDERS = re.compile(r"\{instruction\}|\{query\}")  # of a pair template's part before {document}

@@ -23,7 +23,8 @@ from bouquet.bpe_fast import FastBPE, Ineligible, fast_bpe
 from bouquet.families import QWEN3_DEFAULT_INSTRUCTION, QWEN3_RERANKER_TEMPLATE
 from bouquet.gateway import scoring
 from bouquet.modelspec import load_spec
-from bouquet.tokenization import TextTokenizer, TooLong
+from bouquet.tokenization import TextTokenizer
+from bouquet.tokenized import TooLong
 from tests.helpers import BouquetProcess, read_sts
 
 QWEN_EOS = 151643

@@ -20,7 +20,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
-from bouquet.tokenization import TextTokenizer, TooLong
+from bouquet.tokenization import TextTokenizer
+from bouquet.tokenized import TooLong
 from tests.helpers import peak_rss_growth_mib, read_sts
 
 QWEN_EOS = 151643

@@ -18,7 +18,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from bouquet.modelspec import load_spec
-from bouquet.tokenization import TextTokenizer, TooLong
+from bouquet.tokenization import TextTokenizer
+from bouquet.tokenized import TooLong
 from bouquet.wordpiece_fast import MAX_CHARS, FastWordPiece, Ineligible, fast_wordpiece, safe
 from tests.helpers import read_sts
 from tests.integration.test_bpe_fast import _prose, _random_text, _sts, hard_texts

@@ -14,7 +14,7 @@ FORBIDDEN = [
     ("bouquet.server", "bouquet.gateway"), ("bouquet.server", "bouquet.jobs"),
     ("bouquet.jobs", "bouquet.gateway"), ("bouquet.jobs", "bouquet.server"),
     ("bouquet.proto", "bouquet.gateway"), ("bouquet.proto", "bouquet.server"), ("bouquet.proto", "bouquet.engine"),
-    ("bouquet.tokenization", "bouquet.gateway"), ("bouquet.bpe_fast", "bouquet.gateway"),
+    ("bouquet.tokenization", "bouquet.gateway"), ("bouquet.tokenized", "bouquet.gateway"), ("bouquet.bpe_fast", "bouquet.gateway"),
 ]
 
 
