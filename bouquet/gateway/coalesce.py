@@ -47,10 +47,11 @@ class _Group:
 
 
 class Coalescer:
-    """Gathers small requests into combined calls of at most ``max_tokens`` tokens."""
+    """Gathers small requests into combined calls of at most ``max_tokens`` tokens and ``max_rows``
+    sequences (None: any number; a request is never split, so the caller sends none larger)."""
 
-    def __init__(self, run: RunFn, max_tokens: int) -> None:
-        self.run, self.max_tokens = run, max_tokens
+    def __init__(self, run: RunFn, max_tokens: int, max_rows: int | None = None) -> None:
+        self.run, self.max_tokens, self.max_rows = run, max_tokens, max_rows
         self._open: dict[Key, _Group] = {}
         self.calls = 0  # combined calls sent (tests, benchmarks)
 
@@ -60,7 +61,8 @@ class Coalescer:
         key = (normalize, dimensions, priority, pool_skip)
         loop = asyncio.get_running_loop()
         group = self._open.get(key)
-        if group is None or group.tokens + tokens > self.max_tokens:
+        if (group is None or group.tokens + tokens > self.max_tokens
+                or (self.max_rows is not None and len(group.seqs) + len(seqs) > self.max_rows)):
             group = self._open[key] = _Group()
             loop.call_soon(self._flush, key, group)
         fut: asyncio.Future[np.ndarray] = loop.create_future()

@@ -33,7 +33,7 @@ from bouquet.gateway.coalesce import Coalescer
 from bouquet.gateway.errors import APIError
 from bouquet.gateway.tracing import TRACE
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.proto.rpc import CHANNEL_OPTIONS, InferenceStub
+from bouquet.proto.rpc import CHANNEL_OPTIONS, MAX_REPLY_BYTES, InferenceStub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,12 +69,13 @@ def _kind(error: str) -> str:
     return error.partition(":")[0]
 
 
-def chunk_bounds(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
+def chunk_bounds(lengths: list[int], chunk_tokens: int, max_rows: int | None = None) -> list[tuple[int, int]]:
     """[start, end) index ranges of consecutive sequences, each of at most ``chunk_tokens`` tokens
-    (a single longer sequence forms its own chunk). Order is kept: chunk k precedes chunk k+1."""
+    (a single longer sequence forms its own chunk) and at most ``max_rows`` sequences (None: any
+    number). Order is kept: chunk k precedes chunk k+1."""
     out, start, tokens = [], 0, 0
     for i, n in enumerate(lengths):
-        if i > start and tokens + n > chunk_tokens:
+        if i > start and (tokens + n > chunk_tokens or (max_rows is not None and i - start >= max_rows)):
             out.append((start, i))
             start, tokens = i, 0
         tokens += n
@@ -120,6 +121,10 @@ class ReplicaPool:
     # True while the gateway drains to shut down: a replica that goes away then was most likely
     # stopped by the same signal (SIGTERM to the whole process group), logged at INFO, not WARNING.
     shutting_down: Callable[[], bool] = lambda: False
+    # Bytes of one pooled row in a replica's reply (float32 x the model's full dimension; 0: unknown).
+    # A call holds at most MAX_REPLY_BYTES of them, which a replica would refuse (400): a SPLADE row is
+    # vocabulary-sized (600 KB at 150k), so 1,000 four-token texts fit --chunk-tokens but not one reply.
+    row_bytes: int = 0
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() at which the last health check ended
@@ -130,7 +135,12 @@ class ReplicaPool:
 
     def __post_init__(self) -> None:
         self._coalescer = Coalescer(lambda seqs, n, d, p, k: self._run_chunk(seqs, None, n, d, p, pool_skip=k),
-                                    self.chunk_tokens)
+                                    self.chunk_tokens, self.max_rows)
+
+    @property
+    def max_rows(self) -> int | None:
+        """Pooled rows per call (``row_bytes``), None when unbounded."""
+        return max(1, MAX_REPLY_BYTES // self.row_bytes) if self.row_bytes > 0 else None
 
     async def start(self) -> None:
         paths = self.ipc_paths or [""] * len(self.addresses)
@@ -258,9 +268,10 @@ class ReplicaPool:
         total = sum(lengths)
         priority = self.resolve_priority(priority, total)
         # a traced request's call is its own, so the replica's log line for it is its alone (tracing.py)
-        if type_ids is None and total <= min(self.coalesce_max_tokens, self.chunk_tokens) and TRACE.get() is None:
+        if (type_ids is None and total <= min(self.coalesce_max_tokens, self.chunk_tokens) and TRACE.get() is None
+                and len(seqs) <= (self.max_rows or len(seqs))):
             return await self._coalescer.submit(seqs, total, normalize, dimensions, priority, pool_skip)
-        parts = chunk_bounds(lengths, self.chunk_tokens)
+        parts = chunk_bounds(lengths, self.chunk_tokens, self.max_rows)
         results = await gather_or_cancel([
             self._run_chunk(seqs[a:b], type_ids[a:b] if type_ids is not None else None, normalize, dimensions, priority,
                             pool_skip=pool_skip)

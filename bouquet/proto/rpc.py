@@ -18,6 +18,10 @@ from bouquet.proto import bouquet_pb2 as pb
 SERVICE = "bouquet.v1.Inference"
 # Large batches of vectors exceed gRPC's 4 MB default.
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+# The largest reply a call may ask for: the float32 rows, with room left for the rest of the message
+# under MAX_MESSAGE_BYTES, which no larger reply could be sent through. Replicas refuse a call past it
+# (server/service.py); the gateway cuts its calls to stay within it (gateway/replicas.py).
+MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 4096
 _MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

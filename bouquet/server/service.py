@@ -27,7 +27,7 @@ from bouquet.engine.runtime.contract import ResultHandle, StepEngine
 from bouquet.engine.heads.pooling import finalize
 from bouquet.modelspec import ModelSpec
 from bouquet.proto import bouquet_pb2 as pb
-from bouquet.proto.rpc import MAX_MESSAGE_BYTES
+from bouquet.proto.rpc import MAX_REPLY_BYTES
 from bouquet.server.scheduler import Priority, QueueFull, Request, ScheduledBatch, Scheduler
 from bouquet.server.stats import ReplicaStats
 
@@ -41,11 +41,6 @@ def log_traced(traceparent: str, request_id: str, num_seqs: int, outcome: str, t
     Values are cut to 128 characters: a direct gRPC client may send anything printable."""
     log.info("call traceparent=%.128s request_id=%.128s sequences=%d: %.300s in %.1f ms", traceparent, request_id,
              num_seqs, outcome, (time.perf_counter() - t0) * 1e3)
-
-
-# The largest reply a call may ask for: the float32 rows, with room left for the rest of the message
-# under gRPC's limit (rpc.MAX_MESSAGE_BYTES), which no larger reply could be sent through.
-MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 4096
 
 
 class RequestError(Exception):
@@ -110,7 +105,7 @@ def check_reply_size(rows: int, per_token: bool, spec: ModelSpec) -> None:
     full width (``spec.dimension`` per sequence, ``spec.token_width`` per token with ``per_token``;
     the engine computes full rows before any Matryoshka truncation). A larger reply could not be
     sent (gRPC answered RESOURCE_EXHAUSTED once every row was computed, the replica holding several
-    copies of them meanwhile); the gateway's calls stay far below (``--chunk-tokens``).
+    copies of them meanwhile); the gateway cuts its calls to fit (``ReplicaPool.row_bytes``).
 
     Raises RequestError(INVALID_ARGUMENT) naming the rows, their width and the limit.
     """

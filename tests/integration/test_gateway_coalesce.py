@@ -101,3 +101,38 @@ def test_a_lone_request_makes_its_call_in_its_own_task() -> None:
         assert tasks[2] is stuck and cancelled == [True]
 
     asyncio.run(main())
+
+
+def test_calls_hold_no_more_rows_than_one_reply_takes() -> None:
+    """A SPLADE row is vocabulary-sized (600 KB at 150k terms): 1,000 four-token texts fit one
+    --chunk-tokens call but not one reply, which the replica refuses (it answered such a request
+    400 "split the call"). The gateway's calls, chunked or coalesced, stay within MAX_REPLY_BYTES,
+    the rows back in input order."""
+    from bouquet.gateway.replicas import ReplicaPool
+    from bouquet.proto.rpc import MAX_REPLY_BYTES
+
+    pool = ReplicaPool(["127.0.0.1:1"], row_bytes=4 * 150_000)
+    assert pool.max_rows == MAX_REPLY_BYTES // 600_000 == 894
+    calls: list[int] = []
+
+    async def run_chunk(seqs: list[np.ndarray], type_ids: object, normalize: bool | None, dims: int | None,
+                        priority: int, per_token: bool = False, pool_skip: int = 0) -> np.ndarray:
+        calls.append(len(seqs))
+        return np.stack([s[:1].astype(np.float32) for s in seqs])
+
+    pool._run_chunk = run_chunk  # type: ignore[method-assign]  # the replica's side: one row per sequence
+
+    def texts(first: int, n: int) -> list[np.ndarray]:
+        return [np.full(4, first + i, dtype=np.int32) for i in range(n)]
+
+    async def main() -> tuple[np.ndarray, list[np.ndarray]]:
+        one = await pool.infer(texts(0, 1000))
+        together = await asyncio.gather(*(pool.infer(texts(1000 * k, 300)) for k in range(1, 5)))
+        return one, together
+
+    one, together = asyncio.run(main())
+    assert max(calls) <= 894 and sum(calls) == 1000 + 4 * 300, calls
+    assert len(calls) < 2 + 4  # the four small requests still shared calls
+    np.testing.assert_array_equal(one[:, 0], np.arange(1000))
+    for k, rows in enumerate(together, 1):
+        np.testing.assert_array_equal(rows[:, 0], 1000 * k + np.arange(300))
