@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bouquet.bpe_fast import FastBPE, fast_bpe
 from bouquet.modelspec import ModelSpec
-from bouquet.tokenized import BadTokenId, Encoded, NoRoom, TooLong, read_tokenizer
+from bouquet.tokenized import BadTokenId, Encoded, NoRoom, TooLong, appended_tokens, read_tokenizer
 from bouquet.text_window import (FIRST_CHARS_PER_TOKEN, PROBED_CHARS, SPACE, UNCLEAN_CHECKS, WINDOWED_CHARS_PER_TOKEN,
                                  Side, bert_boundary, margin, same_end, window)
 from bouquet.unigram_fast import FastUnigram, fast_unigram
@@ -78,9 +78,7 @@ class TextTokenizer:
         # in the limit); with a tokenizer that does not, the gateway appends it after encoding and
         # keeps one token of room for it.
         self.eos = spec.append_eos_id
-        appends = self.eos is not None and base.encode("a").ids[-1:] == [self.eos]
-        # tokens the gateway adds after tokenizer.json's own post-processor: 1 (the EOS) or 0
-        self.appended = 1 if self.eos is not None and not appends else 0
+        self.appended = appended_tokens(spec, base)  # 1 (the EOS) or 0
         self.max_len = spec.max_seq_length - self.appended
         self._plain = base
         self._whole_words = isinstance(base.model, models.WordPiece)  # see _bounded

@@ -63,3 +63,11 @@ def read_tokenizer(spec: ModelSpec) -> Tokenizer:
         return Tokenizer.from_file(str(spec.tokenizer_path))
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
         raise ModelError(f"{spec.tokenizer_path} cannot be read by tokenizers: {e}") from None
+
+
+def appended_tokens(spec: ModelSpec, base: Tokenizer) -> int:
+    """Tokens the gateway adds after ``base``'s (the model's tokenizer.json) own post-processor:
+    1 where the model pools on an EOS (``spec.append_eos_id``, Qwen3-Embedding's <|endoftext|>)
+    that the file does not append itself, else 0."""
+    eos = spec.append_eos_id
+    return 1 if eos is not None and base.encode("a").ids[-1:] != [eos] else 0

@@ -26,6 +26,7 @@ from bouquet.bench.rerank import RerankSettings, bench_rerank, cross_model_dir
 from bouquet.bench.targets import EngineTarget, GrpcTarget, HttpTarget, ServerProcess, Target, TransformersTarget
 from bouquet.modelspec import load_spec
 from bouquet.tokenization import TextTokenizer
+from bouquet.tokenized import appended_tokens, read_tokenizer
 
 log = logging.getLogger("bouquet.bench")
 BENCHMARKS = ("1", "2", "3", "mixed", "4", "5", "rerank")  # bench/README.md
@@ -279,7 +280,8 @@ def served_appended(model_dir: Path) -> int:
     """Tokens a server of ``model_dir`` adds to each text after its tokenizer.json's special tokens
     (``TextTokenizer.appended``): the texts of benchmarks 4 and 5 leave room for them, so that a
     "512-token" text is 512 tokens in the engine, as the token-id rows beside it are."""
-    return TextTokenizer(load_spec(str(model_dir))).appended
+    spec = load_spec(str(model_dir))
+    return appended_tokens(spec, read_tokenizer(spec))  # not a whole TextTokenizer: its fast paths cost ~1 s to build
 
 
 def _tokenize_like_gateway(model_dir: Path, texts: list[str]) -> list[np.ndarray]:

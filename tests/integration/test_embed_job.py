@@ -144,8 +144,8 @@ def test_stsb_vectors_equal_the_servers(stsb_output: pa.Table) -> None:
 
 def test_sigkill_mid_run_then_resume_gives_the_same_rows(stsb_output: pa.Table, tmp_path: Path) -> None:
     out = tmp_path / "resumed"
-    stsb_output = stsb_output.slice(0, 3000)  # the run's first 3,000 rows: 6 shards of 500
-    args = (str(_write_stsb(tmp_path / "part.jsonl", 3000)), "--output", str(out), "--device", "cpu", "--shard-rows", "500")
+    stsb_output = stsb_output.slice(0, 1200)  # the run's first 1,200 rows: 6 shards of 200
+    args = (str(_write_stsb(tmp_path / "part.jsonl", 1200)), "--output", str(out), "--device", "cpu", "--shard-rows", "200")
     proc = subprocess.Popen(embed_cmd(*args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     manifest = out / MANIFEST
     deadline = time.monotonic() + 240
@@ -168,7 +168,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_rows(stsb_output: pa.Table, 
     np.testing.assert_allclose(vectors_of(final), vectors_of(stsb_output), atol=2e-6)
     # A finished job is not redone; a changed setting is refused rather than mixed in.
     assert "0 shards written" in run_embed(*args).stderr
-    bad = subprocess.run(embed_cmd(*args[:-1], "700"), env=_env(), capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(embed_cmd(*args[:-1], "300"), env=_env(), capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "shard_rows" in bad.stderr
 
 

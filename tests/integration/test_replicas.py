@@ -6,9 +6,12 @@ with SIGKILL under load costs no request a hang or a wrong vector, and the survi
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -154,13 +157,33 @@ def test_no_replica_left_is_a_quick_503():
         gw.stop()
 
 
-def test_a_request_while_the_model_loads_says_so():
+def _slow_loading_model(root: Path, layers: int = 1000) -> Path:
+    """A tiny BERT with ``layers`` copies of one layer: ~5 s of replica start-up on a 2-core
+    machine (building and packing the layers), against the gateway's ~1 s. The embedded model now
+    loads in ~0.5 s, before the gateway listens, so it leaves no window to ask in."""
+    from safetensors.numpy import load_file, save_file
+
+    from bouquet.bench.models import TINY_BERT, make_model_dir
+
+    out = root / "slow"
+    shutil.copytree(make_model_dir(TINY_BERT, root), out)
+    state = load_file(out / "model.safetensors")
+    deep = {k: v for k, v in state.items() if ".layer." not in k}
+    for k, v in state.items():
+        if ".layer.0." in k:
+            deep.update({k.replace(".layer.0.", f".layer.{i}."): v for i in range(layers)})
+    save_file(deep, out / "model.safetensors")
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}))
+    return out
+
+
+def test_a_request_while_the_model_loads_says_so(tmp_path: Path):
     # It was told "no healthy inference replica is available; retry later" (new-user run, 2026-12-05).
-    gw = BouquetProcess(wait_for=(503,))  # the gateway is up, the replica has bound its port and loads
+    model = _slow_loading_model(tmp_path)
+    gw = BouquetProcess("--model", str(model), wait_for=(503, 200))  # 503: the gateway is up, the replica loads
     try:
         r = httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
-        if r.status_code == 200:
-            pytest.skip("the model finished loading before the request")
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         assert r.json()["error"] == {"message": "the model is still loading; retry in a few seconds (GET /health answers "
                                      "200 once it is ready)", "type": "service_unavailable", "param": None,

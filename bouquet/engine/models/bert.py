@@ -18,7 +18,7 @@ from bouquet.families import architecture_of, family, num_labels
 from bouquet.engine.kernels.rows import QRows, dense_rows
 from bouquet.engine.kernels.layers import activation, fuse_linears
 from bouquet.engine.linear.base import Linear
-from bouquet.engine.models.base import PackedModel
+from bouquet.engine.models.base import PackedModel, table
 from bouquet.engine.kernels.ops import add_layer_norm
 
 
@@ -31,10 +31,10 @@ class BertEmbeddings(nn.Module):
     def __init__(self, vocab_size: int, hidden: int, max_positions: int, type_vocab_size: int, eps: float,
                  position_offset: int = 0) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(vocab_size, hidden)
-        self.position_embeddings = nn.Embedding(max_positions, hidden)
+        self.word_embeddings = table(vocab_size, hidden)
+        self.position_embeddings = table(max_positions, hidden)
         if type_vocab_size:
-            self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden)
+            self.token_type_embeddings = table(type_vocab_size, hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
         self.position_offset = position_offset
 

@@ -33,7 +33,7 @@ from torch import nn
 from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
 from bouquet.families import architecture_of
 from bouquet.engine.kernels.layers import RMSNorm, fuse_linears, rope_theta
-from bouquet.engine.models.base import PackedModel
+from bouquet.engine.models.base import PackedModel, table
 from bouquet.engine.kernels.rows import QRows, ScaledRows
 from bouquet.engine.linear.base import Linear
 from bouquet.engine.kernels.ops import add_rms_norm, qk_norm_rope, rope_tables
@@ -227,7 +227,7 @@ class DecoderModel(PackedModel):
     def __init__(self, cfg: dict[str, Any], attn: AttentionBackend) -> None:
         super().__init__()
         f = self.facts(cfg)
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.embed_tokens = table(cfg["vocab_size"], cfg["hidden_size"])
         self.layers = nn.ModuleList(DecoderLayer(cfg, f, w) for w in f.windows)
         self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6), f.unit_offset)
         self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]

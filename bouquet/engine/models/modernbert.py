@@ -25,7 +25,7 @@ from torch import nn
 from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
 from bouquet.engine.kernels.layers import activation
 from bouquet.engine.linear.base import Linear
-from bouquet.engine.models.base import PackedModel
+from bouquet.engine.models.base import PackedModel, table
 from bouquet.engine.models.bert import num_labels
 from bouquet.engine.kernels.ops import add_layer_norm_pre, qk_norm_rope, rope_tables
 
@@ -66,7 +66,7 @@ def _layer_norm(cfg: dict[str, Any]) -> nn.LayerNorm:
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
-        self.tok_embeddings = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.tok_embeddings = table(cfg["vocab_size"], cfg["hidden_size"])
         self.norm = _layer_norm(cfg)
 
 

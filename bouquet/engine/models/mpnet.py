@@ -23,7 +23,7 @@ from torch import nn
 
 from bouquet.engine.attention.backends import AttentionBackend, AttnMeta
 from bouquet.families import architecture_of, family
-from bouquet.engine.models.base import PackedModel
+from bouquet.engine.models.base import PackedModel, table
 from bouquet.engine.kernels.rows import dense_rows
 from bouquet.engine.models.bert import BertEmbeddings, LayerParts, PostNormLayer, dense_norm, modules
 from bouquet.engine.models.xlm_roberta import XLMRobertaForSequenceClassification
@@ -70,8 +70,8 @@ class MPNetEncoder(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         self.layer = nn.ModuleList(MPNetLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
-        self.relative_attention_bias = nn.Embedding(cfg.get("relative_attention_num_buckets", NUM_BUCKETS),
-                                                    cfg["num_attention_heads"])
+        self.relative_attention_bias = table(cfg.get("relative_attention_num_buckets", NUM_BUCKETS),
+                                             cfg["num_attention_heads"])
         self.max_positions = cfg["max_position_embeddings"]
 
     def fuse(self) -> None:
