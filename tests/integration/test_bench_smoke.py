@@ -16,8 +16,15 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 
-def test_bench_smoke_writes_table_and_plot(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder of random-weight models for the module's bench runs (``--models-root``): each
+    run builds its models with transformers unless they are there (~3 s per run)."""
+    return tmp_path_factory.mktemp("bench-models")
+
+
+def test_bench_smoke_writes_table_and_plot(tmp_path: Path, models_root: Path) -> None:
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu", "--models-root", str(models_root),
            "--system", "engine", "--system", "replica", "--system", "grpc", "--system", "transformers", "--out", str(tmp_path),
            "--benchmarks", "1,2,3,mixed", "--seconds", "0.1", "--min-iters", "2", "--lat-lengths", "16,32",
            "--thr-lengths", "32", "--score-batches", "2", "--score-len", "32", "--thr-batch", "4",
@@ -49,10 +56,10 @@ def test_bench_results_without_matplotlib_skip_only_the_plots(tmp_path: Path, mo
     assert not list(tmp_path.glob("*.png"))
 
 
-def test_bench_http_text_path_smoke(tmp_path: Path) -> None:
+def test_bench_http_text_path_smoke(tmp_path: Path, models_root: Path) -> None:
     """The HTTP system (`bouquet serve` started by the bench, keep-alive http.client + orjson
     client): ids checked against transformers, benchmark 3 over HTTP, benchmark 4 with text."""
-    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu", "--models-root", str(models_root),
            "--system", "http", "--out", str(tmp_path), "--benchmarks", "3,4", "--seconds", "0.2",
            "--min-iters", "2", "--thr-lengths", "32", "--thr-batch", "4", "--concurrency", "1,2",
            "--conc-len", "32", "--warmup-seconds", "0.1"]
@@ -71,10 +78,10 @@ def test_bench_http_text_path_smoke(tmp_path: Path) -> None:
     assert all(r["captures_in_window"] == 0 for (b, _), r in rows.items() if b == "4")
 
 
-def test_bench_queries_smoke(tmp_path: Path) -> None:
+def test_bench_queries_smoke(tmp_path: Path, models_root: Path) -> None:
     """Benchmark 5 (online queries) on bouquet with the model and with the no-op engine: client
     processes, replies checked (cosine against transformers; zero vectors for no-op), rows written."""
-    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu", "--models-root", str(models_root),
            "--system", "http", "--system", "http-noop", "--out", str(tmp_path), "--benchmarks", "5",
            "--seconds", "0.5", "--warmup-seconds", "0.2", "--query-clients", "1,3", "--query-tokens", "8,24"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -118,7 +125,7 @@ def _cmdline(p: "psutil.Process") -> list[str]:  # noqa: F821 - psutil is import
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
-def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -> None:
+def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, models_root: Path, sig: str) -> None:
     """A SIGTERM to `bouquet bench` alone (a job runner's stop) ends the run and the `bouquet serve`
     it started (gateway and replica) with it, and removes the server's work folder; after a SIGKILL
     the server still goes (it dies with its parent, parent.py), leaving only the bench's log folder."""
@@ -132,7 +139,7 @@ def test_stopping_bench_stops_the_servers_it_started(tmp_path: Path, sig: str) -
     import psutil
 
     before = set(Path(tempfile.gettempdir()).glob("bouquet-bench-*"))
-    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+    cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu", "--models-root", str(models_root),
            "--system", "http", "--out", str(tmp_path), "--benchmarks", "3", "--seconds", "120",
            "--thr-lengths", "32", "--thr-batch", "4"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -217,7 +224,7 @@ def test_concurrency_warm_up_lasts_until_no_new_graph_is_captured(tmp_path: Path
     assert 3 <= len(windows) <= R.WARMUP_WINDOWS + 1
 
 
-def test_bench_rerank_smoke(tmp_path: Path) -> None:
+def test_bench_rerank_smoke(tmp_path: Path, models_root: Path) -> None:
     """The rerank benchmark on bouquet (a cross-encoder of the shape built by the bench), on the
     no-op engine, and on a server given by URL (here a bouquet of its own): rows per (N, clients)."""
     from bouquet.bench.models import SHAPES, default_tokenizer, tiny
@@ -225,10 +232,10 @@ def test_bench_rerank_smoke(tmp_path: Path) -> None:
     from helpers import BouquetProcess
 
     # the bench's own cross-encoder, built first so that the "other server" can serve it too
-    cross = cross_model_dir(tiny(SHAPES["minilm"]), tmp_path / "out" / "models", default_tokenizer())
+    cross = cross_model_dir(tiny(SHAPES["minilm"]), models_root, default_tokenizer())
     other = BouquetProcess("--model", str(cross), "--served-model-name", "other")
     try:
-        cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu",
+        cmd = [sys.executable, "-m", "bouquet", "bench", "--model", "minilm", "--tiny", "--device", "cpu", "--models-root", str(models_root),
                "--system", "http", "--system", "http-noop", "--system", "rerank-url", "--rerank-url", other.url,
                "--rerank-model", "other", "--out", str(tmp_path / "out"), "--benchmarks", "rerank", "--seconds", "0.3",
                "--warmup-seconds", "0.1", "--rerank-docs", "3,7", "--rerank-doc-tokens", "20", "--rerank-clients", "1,2"]
@@ -243,5 +250,5 @@ def test_bench_rerank_smoke(tmp_path: Path) -> None:
     for r in rows.values():
         assert r["bench"] == "rerank" and r["requests"] >= 1 and 0 < r["p50"] <= r["p99"], r
         assert r["pairs_s"] > 0
-    assert (tmp_path / "out" / "models" / "minilm-tiny-cross" / "model.safetensors").exists()
+    assert (models_root / "minilm-tiny-cross" / "model.safetensors").exists()
     assert "Rerank: one query against N documents" in (tmp_path / "out" / "results.md").read_text()
