@@ -76,10 +76,13 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if drain is not None and take_signals:
+            # uvicorn.Server has installed its handlers by now. Before the first probes: a SIGTERM
+            # to the whole group while this worker starts stops the replicas too, and their going
+            # away is then part of the shutdown (INFO), not a fault (WARNING).
+            drain.take_signals()
         for gw in gateways:
             await gw.pool.start()
-        if drain is not None and take_signals:
-            drain.take_signals()  # uvicorn.Server has installed its handlers by now
         # The app, its libraries and the tokenizer live as long as the worker: keep them out of
         # later garbage collections (their full passes showed in the per-request CPU).
         gc.collect()

@@ -95,6 +95,8 @@ class DrainState:
         if not callable(uvicorn_exit):
             return  # not run by uvicorn.Server (tests, other servers): leave signals alone
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if getattr(getattr(uvicorn_exit, "__self__", None), "should_exit", False):
+            self.start()  # the signal came before this handler: uvicorn's own exits after start-up
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             if self.draining:
