@@ -57,6 +57,31 @@ def minilm_server() -> Iterator[BouquetProcess]:
 
 
 @pytest.fixture(scope="session")
+def st_sts_test(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, "np.ndarray"]:
+    """sentence-transformers' all-MiniLM-L6-v2 vectors ([384] float32, unnormalized: its Normalize
+    module is in the pipeline, so they are unit length) of every distinct sentence of the STSb test
+    split, by sentence: the reference of tests in several files, computed once per test run (2,552
+    sentences, ~15 s on one core) and shared by the pytest-xdist workers through a file."""
+    import numpy as np
+    from filelock import FileLock
+
+    from helpers import read_sts
+
+    s1, s2, _ = read_sts("test")
+    uniq = list(dict.fromkeys(s1 + s2))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, above each worker's own
+    path = root / "st-minilm-sts-test.npy"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            vecs = request.getfixturevalue("st_minilm").encode(uniq, batch_size=128, convert_to_numpy=True)
+            np.save(root / "st-minilm-sts-test.part.npy", vecs)
+            (root / "st-minilm-sts-test.part.npy").rename(path)
+    return dict(zip(uniq, np.load(path)))
+
+
+@pytest.fixture(scope="session")
 def st_minilm():
     """sentence-transformers' own all-MiniLM-L6-v2 on the CPU: the reference."""
     from sentence_transformers import SentenceTransformer

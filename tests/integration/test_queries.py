@@ -28,8 +28,8 @@ def texts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(st_minilm, texts) -> np.ndarray:
-    return st_minilm.encode(texts, batch_size=128, convert_to_numpy=True)
+def reference(st_sts_test, texts) -> np.ndarray:
+    return np.stack([st_sts_test[t] for t in texts])
 
 
 async def _clients(url: str, texts: list[str], n_clients: int, per_request: int = 1,

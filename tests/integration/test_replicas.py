@@ -37,8 +37,8 @@ def texts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(st_minilm, texts):
-    return st_minilm.encode(texts[:1400], batch_size=128, convert_to_numpy=True)
+def reference(st_sts_test, texts):
+    return np.stack([st_sts_test[t] for t in texts[:1400]])
 
 
 def health(srv: BouquetProcess) -> dict:
