@@ -68,6 +68,7 @@ def read_tokenizer(spec: ModelSpec) -> Tokenizer:
 def appended_tokens(spec: ModelSpec, base: Tokenizer) -> int:
     """Tokens the gateway adds after ``base``'s (the model's tokenizer.json) own post-processor:
     1 where the model pools on an EOS (``spec.append_eos_id``, Qwen3-Embedding's <|endoftext|>)
-    that the file does not append itself, else 0."""
+    that the file does not append itself, else 0. ``base`` without padding and truncation
+    (``no_padding``, ``no_truncation``): a padded encoding ends in the pad id."""
     eos = spec.append_eos_id
     return 1 if eos is not None and base.encode("a").ids[-1:] != [eos] else 0

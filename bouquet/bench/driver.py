@@ -281,7 +281,10 @@ def served_appended(model_dir: Path) -> int:
     (``TextTokenizer.appended``): the texts of benchmarks 4 and 5 leave room for them, so that a
     "512-token" text is 512 tokens in the engine, as the token-id rows beside it are."""
     spec = load_spec(str(model_dir))
-    return appended_tokens(spec, read_tokenizer(spec))  # not a whole TextTokenizer: its fast paths cost ~1 s to build
+    base = read_tokenizer(spec)  # not a whole TextTokenizer: its fast paths cost ~1 s to build
+    base.no_padding()  # as TextTokenizer: a padded "a" ends in the pad id (Qwen's is its EOS), not the EOS
+    base.no_truncation()
+    return appended_tokens(spec, base)
 
 
 def _tokenize_like_gateway(model_dir: Path, texts: list[str]) -> list[np.ndarray]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,12 @@ def test_texts_leave_room_for_the_token_a_server_appends(tmp_path: Path) -> None
     assert served_appended(qwen_dir) == 1
     assert served_appended(MINILM.parent) == 0  # WordPiece: [CLS] and [SEP] come from tokenizer.json
     served = TextTokenizer(load_spec(str(qwen_dir)))
+    padded = tmp_path / "padded"  # a tokenizer.json that pads with its EOS (Qwen's pad token) appends none
+    shutil.copytree(qwen_dir, padded)
+    tok = Tokenizer.from_file(str(padded / "tokenizer.json"))
+    tok.enable_padding(pad_id=served.eos, pad_token="<|endoftext|>", length=16)
+    tok.save(str(padded / "tokenizer.json"))
+    assert served_appended(padded) == TextTokenizer(load_spec(str(padded))).appended == 1
     for tokens in (64, 512):
         texts = make_texts(str(_qwen()), 40, tokens, seed=2, appended=served_appended(qwen_dir))
         n = [len(x) for x in served.encode(texts).ids]
