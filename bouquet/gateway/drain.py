@@ -95,8 +95,6 @@ class DrainState:
         if not callable(uvicorn_exit):
             return  # not run by uvicorn.Server (tests, other servers): leave signals alone
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if getattr(getattr(uvicorn_exit, "__self__", None), "should_exit", False):
-            self.start()  # the signal came before this handler: uvicorn's own exits after start-up
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             if self.draining:
@@ -106,6 +104,10 @@ class DrainState:
             loop.call_soon_threadsafe(self._watch_drain, uvicorn_exit, signum)
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        # Checked after on_sigterm is in place, so that no signal falls between the two: one that
+        # came before went to uvicorn's handler, and uvicorn exits after start-up.
+        if getattr(getattr(uvicorn_exit, "__self__", None), "should_exit", False):
+            self.start()
 
     def _watch_drain(self, exit_: Callable[..., Any], signum: int) -> None:
         self._watch = asyncio.get_running_loop().create_task(self._exit_when_done(exit_, signum))  # kept: the loop holds tasks weakly
