@@ -9,6 +9,7 @@ vocabulary is at least as large.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,6 +203,24 @@ def save_random_model(out: Path, build: Callable[[], Any], tokenizer: Path | Any
     return out
 
 
+def build_once(out: Path, write: Callable[[Path], Any]) -> Path:
+    """``out`` where it holds a model.safetensors, else ``write(folder)`` into a sibling folder that
+    is renamed to ``out`` once whole: a run stopped while writing (Ctrl-C, a timeout) leaves no
+    folder that the next run would take for a model. Returns ``out``."""
+    if (out / "model.safetensors").exists():
+        return out
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)  # one an older, interrupted writer left
+    tmp.rename(out)
+    return out
+
+
 def make_model_dir(shape: ModelShape, root: Path, tokenizer: Path | None = None, seed: int = 0) -> Path:
     """Write ``root/<name>`` (config.json, model.safetensors, tokenizer.json, sentence-transformers
     pooling files) unless it already exists; returns the directory. Needs ``transformers``; the
@@ -220,7 +239,7 @@ def make_model_dir(shape: ModelShape, root: Path, tokenizer: Path | None = None,
             return AutoModel.from_config(cfg, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
 
     modes = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "last": "pooling_mode_lasttoken"}
-    return save_random_model(
-        out, build, tokenizer or default_tokenizer(), seed=seed,
+    return build_once(out, lambda folder: save_random_model(
+        folder, build, tokenizer or default_tokenizer(), seed=seed,
         config_extra={"architectures": shape.config["architectures"], "bouquet": {"max_seq_length": shape.max_len}},
-        pooling={"word_embedding_dimension": shape.config["hidden_size"], modes[shape.pooling]: True})
+        pooling={"word_embedding_dimension": shape.config["hidden_size"], modes[shape.pooling]: True}))

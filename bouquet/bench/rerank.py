@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from bouquet.bench.models import ModelShape, save_random_model
+from bouquet.bench.models import ModelShape, build_once, save_random_model
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def cross_model_dir(shape: ModelShape, root: Path, tokenizer: Path, seed: int = 
     extra: dict[str, Any] = {"bouquet": {"max_seq_length": shape.max_len}}
     if decoder:
         extra["is_reranker"] = True
-    return save_random_model(out, build, tokenizer, seed=seed, config_extra=extra)
+    return build_once(out, lambda folder: save_random_model(folder, build, tokenizer, seed=seed, config_extra=extra))
 
 
 def _bodies(tok: Any, words: list[str], n_docs: int, rs: RerankSettings, count: int, seed: int,

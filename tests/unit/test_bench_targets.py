@@ -1,7 +1,10 @@
 """The benchmark client's reading of a server's CUDA-graph capture counter (bouquet/bench/targets.py),
 from a /metrics text as the gateway writes it (prometheus_client), with two replicas of two
-models; the end-to-end path (a real `bouquet serve`) is in test_bench_smoke.py."""
+models; the end-to-end path (a real `bouquet serve`) is in test_bench_smoke.py. Also the model
+folders the bench builds for its targets (bouquet/bench/models.py)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -96,3 +99,19 @@ def test_replica_target_steps_a_request_as_a_served_replica_does(tmp_path) -> No
         assert np.allclose(np.linalg.norm(got[0], axis=1), 1, atol=1e-5)  # finalized as served
     finally:
         replica.close()
+
+
+def test_a_model_folder_cut_short_is_not_taken_for_a_model(tmp_path: Path) -> None:
+    """A bench run stopped while it wrote a model folder (here: its tokenizer file is missing, so
+    the write fails after model.safetensors) leaves nothing that the next run takes for a model:
+    that run writes the whole folder (it used to find model.safetensors and serve a folder
+    without tokenizer.json)."""
+    from bouquet.bench.models import SHAPES, default_tokenizer, make_model_dir, tiny
+
+    shape = tiny(SHAPES["minilm"], layers=1, hidden=32, heads=2)
+    with pytest.raises(FileNotFoundError):
+        make_model_dir(shape, tmp_path, tmp_path / "missing.json")
+    assert list(tmp_path.iterdir()) == []
+    out = make_model_dir(shape, tmp_path, default_tokenizer())
+    assert {"model.safetensors", "tokenizer.json", "config.json", "modules.json"} <= {p.name for p in out.iterdir()}
+    assert [p.name for p in tmp_path.iterdir()] == [shape.name]
