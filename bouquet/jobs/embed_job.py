@@ -268,7 +268,7 @@ def run_embed_job(cfg: EmbedJobConfig, engine: Any = None) -> JobStats:
     files = discover(cfg.input, exclude=cfg.output)
     id_column = resolve_id_column(files, cfg.text_column, cfg.id_column)
     device = engine.device if engine is not None else resolve_device(cfg.device)
-    compute_dtype = str(engine.dtype if engine is not None else resolve_dtype(cfg.dtype, device)).removeprefix("torch.")
+    compute_dtype = str(engine.dtype if engine is not None else resolve_dtype(cfg.dtype, device, cfg.quantization)).removeprefix("torch.")
     prompt = resolve_prompt(spec, cfg.prompt)
     out_dir = Path(cfg.output)
     manifest = Manifest.open(out_dir, job_settings(cfg, spec, files, id_column, compute_dtype, prompt), cfg.overwrite)

@@ -147,7 +147,7 @@ def run_ray_job(cfg: EmbedJobConfig, address: str | None = None, workers: int = 
             if cfg.device.startswith("cuda") and not use_gpu:
                 raise ValueError("--device cuda was requested but the Ray cluster has no GPUs")
         device = "cuda" if use_gpu else "cpu"
-        compute_dtype = str(resolve_dtype(cfg.dtype, torch.device(device))).removeprefix("torch.")
+        compute_dtype = str(resolve_dtype(cfg.dtype, torch.device(device), cfg.quantization)).removeprefix("torch.")
         prompt = resolve_prompt(spec, cfg.prompt)
         manifest = Manifest.open(Path(cfg.output), job_settings(cfg, spec, files, id_column, compute_dtype, prompt),
                                  cfg.overwrite)

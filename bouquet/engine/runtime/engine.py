@@ -61,11 +61,15 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """'auto' → bfloat16 on CUDA; on the CPU bfloat16 where it has native bf16 dot products
-    (AVX512-BF16 / AMX, read from /proc/cpuinfo: ``linear.cpu.cpu_dtype``), else float32."""
+def resolve_dtype(dtype: str, device: torch.device, quantization: str = "none") -> torch.dtype:
+    """'auto' → bfloat16 on CUDA; on the CPU float32 with ``quantization`` "int8" (its linears
+    take fp32 rows: bf16 ones only add conversions; docs/decisions.md, 2026-12-05), else bfloat16
+    where the CPU has native bf16 dot products (AVX512-BF16 / AMX, read from /proc/cpuinfo:
+    ``linear.cpu.cpu_dtype``), else float32. Raises ValueError for an unknown name."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else _DTYPES[cpu_dtype(cpu_flags())]
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.float32 if quantization == "int8" else _DTYPES[cpu_dtype(cpu_flags())]
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or auto, got {dtype!r}")
     return _DTYPES[dtype]
@@ -130,7 +134,7 @@ class Engine:
         self.spin_wait = spin_wait
         self.spec = spec
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype = resolve_dtype(dtype, self.device, quantization)
         self.attn: AttentionBackend = select_backend(self.device, self.dtype, attention)
         cls = model_class(spec.architecture, spec.task)
         extra = {"yes_no_ids": spec.yes_no_ids} if spec.yes_no_ids is not None else {}
