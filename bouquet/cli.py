@@ -56,7 +56,7 @@ _REPLICA_OPTIONS: dict[str, tuple[Any, str, Any]] = {
         _default("allow_pickle"), "--allow-pickle", help="Load pickled weights (pytorch_model.bin) when a model has no "
         "safetensors, with torch.load(weights_only=True). Off: such models are refused.")),
     "dtype": (str, "dtype", typer.Option(
-        _default("dtype"), envvar="BOUQUET_DTYPE", help="auto (bf16 on GPU; on CPU fp32 with --quantization int8, else bf16 where it has "
+        _default("dtype"), envvar="BOUQUET_DTYPE", help="auto (bf16 on GPU; on CPU fp32 under int8 quantization, else bf16 where it has "
         "AVX512-BF16 or AMX, else fp32) | float32 | float16 | bfloat16")),
     "quantization": (str, "quantization", typer.Option(
         _default("quantization"), help="none | fp8 | int8. fp8: matmuls in fp8 e4m3 (weights per channel, activations per token) on every batch: "
@@ -254,8 +254,8 @@ def embed(
     text_column: str = typer.Option("text", help="Column holding the documents (JSONL, CSV, Parquet)."),
     id_column: Optional[str] = typer.Option(None, help="Column holding row ids (default: 'id' when present, else the row index)."),
     format: str = typer.Option("parquet", "--format", help="parquet (id, vector) | npy (vectors + ids.parquet per shard)."),
-    dtype: str = typer.Option("auto", envvar="BOUQUET_DTYPE", help="Compute dtype: auto (bf16 on GPU; on CPU fp32 with --quantization "
-                              "int8, else bf16 where it has AVX512-BF16 or AMX, else fp32) | float32 | float16 | bfloat16."),
+    dtype: str = typer.Option("auto", envvar="BOUQUET_DTYPE", help="Compute dtype: auto (bf16 on GPU; on CPU fp32 under int8 "
+                              "quantization, else bf16 where it has AVX512-BF16 or AMX, else fp32) | float32 | float16 | bfloat16."),
     output_dtype: str = typer.Option("float32", help="Stored vector dtype: float32 | float16."),
     quantization: str = typer.Option("none", help="none | fp8 | int8 (as `serve --quantization`: the layers' matmuls in fp8 e4m3; int8 on the CPU only)."),
     triton_gemms: bool = typer.Option(True, "--triton-gemms/--no-triton-gemms",
