@@ -190,9 +190,9 @@ def _window(n: int, work: Callable[[int, float], None], seconds: float) -> float
 
     # daemon: a SIGTERM / Ctrl-C that ends the run does not wait for the clients' last requests
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in range(n)]
-    for t in threads:
-        t.start()
     try:
+        for t in threads:  # a signal can land here too: the clients started so far are sending
+            t.start()
         for t in threads:
             t.join()
     except BaseException:
