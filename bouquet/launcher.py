@@ -320,6 +320,7 @@ def serve(cfg: ServeConfig) -> int:
                              timeout_graceful_shutdown=5, **common)
         supervisor = DrainingSupervisor(ucfg, sockets=[sock])
         run, stop, stopping = supervisor.run, supervisor.should_exit.set, supervisor.stopping
+        worker_failed = supervisor.startup_failed
     else:
         from bouquet.gateway.app import create_app
         from bouquet.gateway.drain import DrainingServer, DrainState
@@ -329,6 +330,7 @@ def serve(cfg: ServeConfig) -> int:
         server = DrainingServer(GatewayConfig(app, limits, timeout_graceful_shutdown=5, **common), drain)
         run, stop = (lambda: server.run(sockets=[sock])), lambda: setattr(server, "should_exit", True)
         stopping = lambda: drain.draining  # noqa: E731 - the other branch's is a bound method
+        worker_failed = lambda: False  # noqa: E731 - here the app is built above, in this process
     failed, finished = threading.Event(), threading.Event()
     reasons: list[str] = []
 
@@ -362,6 +364,8 @@ def serve(cfg: ServeConfig) -> int:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     if reasons:  # e.g. a model that --quantization fp8 refuses, found after the port was bound
         raise RuntimeError("server replica: " + "; ".join(reasons))
+    if worker_failed():
+        raise RuntimeError("a gateway worker could not start (its error is logged above); the server stopped")
     return 1 if failed.is_set() else 0
 
 

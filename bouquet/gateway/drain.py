@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any, Callable
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 log = logging.getLogger("bouquet")
@@ -156,6 +157,11 @@ class DrainingSupervisor(Multiprocess):
     def stopping(self) -> bool:
         """A SIGINT/SIGTERM has arrived: handled, or still in the queue the loop reads every 0.5 s."""
         return self.exit_signals > 0 or any(s in (signal.SIGINT, signal.SIGTERM) for s in list(self.signal_queue))
+
+    def startup_failed(self) -> bool:
+        """A worker exited with uvicorn's ``STARTUP_FAILURE`` (its app could not be built or started:
+        ``GatewayConfig.load``, the lifespan), which made the supervisor stop the others."""
+        return any(p.process.exitcode == STARTUP_FAILURE for p in self.processes)
 
     def handle_int(self) -> None:
         self.exit_signals += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +70,18 @@ class GatewayConfig(uvicorn.Config):
 
     def load(self) -> None:
         """uvicorn's load, then the app's refusal counter and log (refusals.py) for the protocol:
-        in a ``--gateway-workers`` process the app is built here, by the factory."""
-        super().load()
+        in a ``--gateway-workers`` process the app is built here, by the factory.
+
+        An app that cannot be built (a dependency that fails to import, a broken tokenizer) ends
+        the worker with uvicorn's ``STARTUP_FAILURE`` code, which stops the supervisor
+        (``DrainingSupervisor.startup_failed``): uvicorn itself gives that code only to a factory's
+        TypeError, and restarts a worker that exits with any other, so such a server would respawn
+        its workers forever and never answer."""
+        try:
+            super().load()
+        except Exception:  # noqa: BLE001 - whatever it is, every restart would fail the same way
+            log.exception("gateway worker: the app could not be built")
+            sys.exit(uvicorn.config.STARTUP_FAILURE)
         self.http_refusals = find_refusals(self.loaded_app)
 
 

@@ -254,6 +254,27 @@ def test_unreadable_tokenizer_is_one_line(tmp_path, workers):
     assert list(tmp_path.glob("bouquet-*/")) == []
 
 
+def test_gateway_worker_that_cannot_build_its_app_stops_the_server(tmp_path):
+    # A dependency that fails to import only in the gateway workers (seen: fastapi 0.165 without
+    # opentelemetry-api, which it imports; the launcher never imports fastapi with --gateway-workers)
+    # made every worker exit with code 1, which uvicorn's supervisor answers with a new worker: the
+    # server printed a traceback per respawn, never answered /health and never exited. Now the first
+    # failure stops it with one line, the last.
+    broken = tmp_path / "site" / "fastapi"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'opentelemetry\'")\n')
+    pythonpath = os.pathsep.join(p for p in (str(broken.parent), os.environ.get("PYTHONPATH", "")) if p)
+    t0 = time.monotonic()
+    code, out = serve_fails("--port", str(free_port()), "--device", "cpu", "--gateway-workers", "2",
+                            env={"TMPDIR": str(tmp_path), "PYTHONPATH": pythonpath}, timeout=60)
+    assert code == 1, out
+    assert last_line(out) == "error: a gateway worker could not start (its error is logged above); the server stopped", out
+    assert "ModuleNotFoundError: No module named 'opentelemetry'" in out, out
+    assert out.count("the app could not be built") <= 2, out  # the two workers once each: none restarted
+    assert time.monotonic() - t0 < 30
+    assert list(tmp_path.glob("bouquet-*/")) == []
+
+
 def test_grpc_port_held_by_another_replica_is_refused(tmp_path):
     # gRPC sets SO_REUSEPORT by default: a second `bouquet server` (or `serve --grpc-port`) on a port a
     # running replica holds used to bind it too, report ready and have the kernel split the gateways'
