@@ -16,6 +16,7 @@ launch with the previous wait by holding the lock only around ``step``.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import shutil
 import subprocess
@@ -283,6 +284,7 @@ class ServerProcess:
 
         self.tmp = Path(tempfile.mkdtemp(prefix="bouquet-bench-"))
         self.log = open(self.tmp / "server.log", "wb")
+        self._started, self._told = time.monotonic(), False
         from bouquet.parent import PARENT_PID_ENV
 
         # the server dies with this process even when it is SIGKILLed (parent.py); a SIGTERM to the
@@ -316,11 +318,18 @@ class ServerProcess:
             self.address = f"http://127.0.0.1:{port}"
 
     def check(self) -> None:
-        """Raise RuntimeError with the server log's tail when the process has exited."""
+        """Raise RuntimeError with the server log's tail when the process has exited. Called while
+        waiting for it: a server still not ready after 60 s has its log's tail logged once (a start
+        that hangs would otherwise show nothing until the wait's end, and the log goes with stop())."""
         if self.proc.poll() is not None:
             self.log.flush()
             tail = (self.tmp / "server.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{tail}")
+        if not self._told and time.monotonic() - self._started > 60:
+            self._told = True
+            self.log.flush()
+            tail = (self.tmp / "server.log").read_text(errors="replace")[-3000:]
+            logging.getLogger("bouquet.bench").warning("server not ready after 60 s; its log so far:\n%s", tail)
 
     def stop(self) -> None:
         from bouquet.bench.procs import terminate

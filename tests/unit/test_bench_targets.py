@@ -147,3 +147,34 @@ def test_a_signal_while_a_window_starts_its_clients_is_not_their_error(monkeypat
     release.set()
     started[0].join(10)
     assert not started[0].is_alive() and failed == []
+
+
+def test_a_server_that_hangs_at_start_has_its_log_shown(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A served start that never became ready (gateway workers respawned forever) showed nothing for
+    # the bench's 300-s wait, and stop() removed the log with the folder. A real process stands in
+    # for the server: one that writes a line and hangs.
+    import subprocess
+    import sys
+    import time
+
+    from bouquet.bench.targets import ServerProcess
+
+    srv = ServerProcess.__new__(ServerProcess)  # not __init__: that starts `bouquet serve`
+    srv.tmp = tmp_path
+    srv.log = open(tmp_path / "server.log", "wb")
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import time; print('worker died, restarting', flush=True); "
+                                 "time.sleep(60)"], stdout=srv.log, stderr=subprocess.STDOUT)
+    try:
+        srv._started, srv._told = time.monotonic(), False
+        time.sleep(1.0)
+        srv.check()
+        assert "not ready" not in caplog.text
+        srv._started -= 61
+        srv.check()
+        srv.check()
+        assert caplog.text.count("server not ready after 60 s") == 1
+        assert "worker died, restarting" in caplog.text
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()
+        srv.log.close()
