@@ -231,6 +231,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def serve(cfg: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit code."""
+    from bouquet.families import UNKNOWN, family, unsupported
     from bouquet.gateway.catalog import model_names
     from bouquet.gateway.limits import GatewayConfig, HttpLimits, fit_connections
     from bouquet.layout import HOST_BOUND_BULK_PARAMS, model_parameters
@@ -249,6 +250,11 @@ def serve(cfg: ServeConfig) -> int:
                          and model_parameters(s.path) > HOST_BOUND_BULK_PARAMS)
                for c, e, s in zip(cfg.per_model(), entries, specs)]
     model_names(list(zip(entries, specs)))  # two models with one name: fail before starting anything
+    for c, spec in zip(entries, specs):
+        # modelspec reads an architecture it has no row for as a BERT-style encoder, so that a gateway
+        # (and the no-op engine) can still describe it; the model's replicas would only refuse it
+        if c.engine == "torch" and not c.servers and family(spec.architecture) is UNKNOWN:
+            raise RuntimeError(unsupported(spec.architecture))
     # Until uvicorn takes over the signals, SIGTERM unwinds start-up like Ctrl-C does (the replicas
     # started so far are stopped, the work folder removed) instead of killing this process outright.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -44,7 +44,8 @@ def parse_documents(value: Any, param: str, max_inputs: int) -> list[str]:
 def parse_query(body: dict[str, Any]) -> str:
     q = body.get("query")
     if not isinstance(q, str) or not q:
-        raise bad_request("'query' must be a non-empty string", "query", "invalid_type" if q else "missing_required_parameter")
+        code = "missing_required_parameter" if q is None else "invalid_value" if q == "" else "invalid_type"
+        raise bad_request("'query' must be a non-empty string", "query", code)
     return q
 
 

@@ -120,6 +120,10 @@ def test_scoring_errors(cross_server):
         r = post(cross_server, path, body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+    # an empty query was sent: not a missing one (the code said "missing_required_parameter")
+    for query, code in ((None, "missing_required_parameter"), ("", "invalid_value"), (0, "invalid_type"), ([], "invalid_type")):
+        body = {"documents": ["a"], **({} if query is None else {"query": query})}
+        assert post(cross_server, "/v1/rerank", body).json()["error"]["code"] == code, query
     msg = post(cross_server, "/v1/score", {"text_1": ["a", "word " * 200], "text_2": ["b", "c"]}).json()["error"]["message"]
     assert msg.startswith("text_1[1]: the query of pair 1 does not fit"), msg
     r = post(cross_server, "/predict", {"inputs": [["a", "b"], ["word " * 200, "c"]]})  # TEI's shape names it too

@@ -194,7 +194,7 @@ def model_copy(tmp_path: Path, config: object | None = None) -> Path:
 
 
 @pytest.mark.parametrize("mistake", ["folder_not_a_model", "relative_path_typo", "host_not_here",
-                                     "architecture_not_supported", "config_not_an_object"])
+                                     "architecture_not_supported", "architecture_with_a_width", "config_not_an_object"])
 def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
     # What a new user mistypes ends `serve` at once, before any replica loads, with one line naming
     # the real cause: a folder without config.json is no model (it used to be told "no safetensors
@@ -202,12 +202,17 @@ def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
     # as a Hub lookup only), and an address of no interface here is --host's fault (it used to say
     # "choose another --port"). 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address. A model of
     # an architecture bouquet does not serve whose config names no hidden_size (GPT-2's is n_embd) said
-    # "error: 'dim'", and a config.json holding a list "'list' object has no attribute 'get'".
+    # "error: 'dim'", and a config.json holding a list "'list' object has no attribute 'get'". One whose
+    # config does name a hidden_size started a replica, which refused it, after the gateway had warned
+    # "replica ... not usable: ... failed to connect".
     folder = tmp_path / "not-a-model"
     folder.mkdir()
     (folder / "notes.txt").write_text("no model here")
     if mistake == "architecture_not_supported":
         model_copy(tmp_path, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768})
+    elif mistake == "architecture_with_a_width":
+        model_copy(tmp_path, {"architectures": ["FooModel"], "model_type": "foo", "hidden_size": 384,
+                              "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 30522})
     elif mistake == "config_not_an_object":
         model_copy(tmp_path, [1])
     args, expected = {
@@ -218,6 +223,8 @@ def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
         "host_not_here": (["--host", "192.0.2.1"], "error: cannot listen on 192.0.2.1:"),
         "architecture_not_supported": (["--model", str(tmp_path / "model")], "error: architecture 'GPT2LMHeadModel' is "
                                        "not supported; supported: ['BertForMaskedLM', "),
+        "architecture_with_a_width": (["--model", str(tmp_path / "model")], "error: architecture 'FooModel' is not "
+                                      "supported; supported: ['BertForMaskedLM', "),
         "config_not_an_object": (["--model", str(tmp_path / "model")], f"error: {tmp_path / 'model' / 'config.json'} "
                                  "must hold a JSON object, got list [1]"),
     }[mistake]
