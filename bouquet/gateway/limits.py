@@ -80,6 +80,8 @@ class GatewayConfig(uvicorn.Config):
         try:
             super().load()
         except Exception:  # noqa: BLE001 - whatever it is, every restart would fail the same way
+            if not self.factory:  # one gateway process: the app was built by the launcher, which reports
+                raise
             log.exception("gateway worker: the app could not be built")
             sys.exit(uvicorn.config.STARTUP_FAILURE)
         self.http_refusals = find_refusals(self.loaded_app)
