@@ -83,6 +83,31 @@ def chunk_bounds(lengths: list[int], chunk_tokens: int, max_rows: int | None = N
     return out
 
 
+class Siblings:
+    """The chunks of one call with the replicas now. A replica takes a chunk into an empty queue
+    whatever its size, and refuses one that would push a non-empty queue past
+    ``--max-queue-tokens``; the chunks of one call are sent at once, so on an idle replica the first
+    filled the queue and the next was refused by it: a call of more than ``--chunk-tokens`` and
+    ``--max-queue-tokens`` tokens was answered 429 on an idle server, on every retry. A chunk
+    refused by a replica that held nothing but this call's chunks (as this gateway process sees
+    it: ``Replica.outstanding_tokens``) waits for a sibling to come back and asks again
+    (``_run_chunk``); a refusal behind other requests' work is the back-pressure it was, a 429. A
+    refusal wakes no one, so refused chunks do not retry in a loop."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.tokens_on: dict[str, int] = {}  # replica address → this call's tokens sent there, unanswered
+        self._finished = asyncio.Event()
+
+    def finished(self) -> None:
+        """A chunk came back (its rows or an error other than a refusal): its queue has room again."""
+        self._finished.set()
+        self._finished = asyncio.Event()
+
+    async def one_finished(self) -> None:
+        await self._finished.wait()
+
+
 async def gather_or_cancel(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
     """``asyncio.gather``, except that the first failure cancels the others (their queued work
     would be wasted), and cancelling the caller cancels them all."""
@@ -272,9 +297,10 @@ class ReplicaPool:
                 and len(seqs) <= (self.max_rows or len(seqs))):
             return await self._coalescer.submit(seqs, total, normalize, dimensions, priority, pool_skip)
         parts = chunk_bounds(lengths, self.chunk_tokens, self.max_rows)
+        siblings = Siblings() if len(parts) > 1 else None
         results = await gather_or_cancel([
             self._run_chunk(seqs[a:b], type_ids[a:b] if type_ids is not None else None, normalize, dimensions, priority,
-                            pool_skip=pool_skip)
+                            pool_skip=pool_skip, siblings=siblings)
             for a, b in parts
         ])
         return results[0] if len(results) == 1 else np.concatenate(results, axis=0)
@@ -285,17 +311,19 @@ class ReplicaPool:
         lengths = [len(s) for s in seqs]
         priority = self.resolve_priority(priority, sum(lengths))
         parts = chunk_bounds(lengths, self.chunk_tokens)
-        results = await gather_or_cancel([self._run_chunk(seqs[a:b], None, None, None, priority, per_token=True)
-                                          for a, b in parts])
+        siblings = Siblings() if len(parts) > 1 else None
+        results = await gather_or_cancel([self._run_chunk(seqs[a:b], None, None, None, priority, per_token=True,
+                                                          siblings=siblings) for a, b in parts])
         return results[0] if len(results) == 1 else np.concatenate(results, axis=0)
 
     async def _run_chunk(self, seqs: list[np.ndarray], type_ids: list[np.ndarray] | None,
                          normalize: bool | None, dimensions: int | None, priority: int,
-                         per_token: bool = False, pool_skip: int = 0) -> np.ndarray:
+                         per_token: bool = False, pool_skip: int = 0, siblings: Siblings | None = None) -> np.ndarray:
         call = Packed.pack(seqs, type_ids)
         tokens = call.num_tokens
         tried: set[str] = set()
         queue_full = ""
+        only_siblings = False  # the last refusal came from a replica holding only this call's chunks
         batch = self.batch_one_per_gpu and priority == pb.PRIORITY_BATCH
         deadline = time.monotonic() + self.request_timeout_s
         while True:
@@ -308,6 +336,13 @@ class ReplicaPool:
                 # whatever its age.
                 await self.check_health(0.0 if self.was_ready else time.monotonic())
                 r = self._pick(tried, batch)
+            if r is None and queue_full and only_siblings and siblings is not None and siblings.running > 0:
+                # every replica refused this chunk, the last one while it held only this call's chunks:
+                # once a sibling is back this chunk may fit, so it waits for that (Siblings) and asks again
+                await siblings.one_finished()
+                tried.clear()
+                queue_full = ""
+                continue
             if r is None:
                 if queue_full:
                     raise APIError(429, f"every replica's queue is full ({queue_full}); retry later",
@@ -320,6 +355,10 @@ class ReplicaPool:
                                code="no_replica", headers={"Retry-After": "1"})
             tried.add(r.address)
             r.outstanding_tokens += tokens
+            if siblings is not None:
+                siblings.running += 1
+                siblings.tokens_on[r.address] = siblings.tokens_on.get(r.address, 0) + tokens
+            refused = False
             try:
                 left = max(0.1, deadline - time.monotonic())
                 if per_token:
@@ -332,8 +371,16 @@ class ReplicaPool:
                 continue
             except ReplicaQueueFull as e:
                 queue_full = str(e) or "queue full"
-                continue
+                refused = True
+                only_siblings = siblings is not None and r.outstanding_tokens == siblings.tokens_on[r.address]
             finally:
                 r.outstanding_tokens -= tokens
+                if siblings is not None:
+                    siblings.running -= 1
+                    siblings.tokens_on[r.address] -= tokens
+                    if not refused:
+                        siblings.finished()
+            if refused:
+                continue
             r.served_chunks += 1
             return rows

@@ -110,3 +110,24 @@ def test_embed_all_over_the_output_cap_is_refused_before_the_work(minilm_server:
     assert r.status_code == 200, r.text[:300]
     vecs = r.json()
     assert [len(v) for v in vecs] == [256] * 4 and len(vecs[0][0]) == 384
+
+
+def test_a_call_of_several_chunks_fits_a_small_queue_chunk_by_chunk() -> None:
+    # A replica takes anything into an empty queue and refuses what would push a non-empty one past
+    # --max-queue-tokens. The gateway sends a call's chunks (--chunk-tokens) at once, so the first
+    # filled the queue and refused the second: a call over both limits got 429 "retry later" on an
+    # idle server, on every retry. Now a refused chunk waits for its sibling and goes next.
+    srv = BouquetProcess("--max-queue-tokens", "600", "--chunk-tokens", "1000", "--log-level", "warning")
+    try:
+        rng = np.random.default_rng(0)
+        rows = [[101, *rng.integers(2000, 20000, 248).tolist(), 102] for _ in range(8)]  # 2,000 tokens: 2 chunks
+        for _ in range(3):
+            r = httpx.post(f"{srv.url}/v1/embeddings", json={"input": rows}, timeout=120)
+            assert r.status_code == 200, r.text
+        whole = np.array([d["embedding"] for d in r.json()["data"]])
+        halves = [httpx.post(f"{srv.url}/v1/embeddings", json={"input": rows[a:a + 4]}, timeout=120) for a in (0, 4)]
+        assert all(h.status_code == 200 for h in halves), [h.text for h in halves]
+        parts = np.array([d["embedding"] for h in halves for d in h.json()["data"]])
+        assert (whole * parts).sum(1).min() >= 0.9999
+    finally:
+        srv.stop()
