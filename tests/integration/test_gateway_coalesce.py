@@ -116,7 +116,8 @@ def test_calls_hold_no_more_rows_than_one_reply_takes() -> None:
     calls: list[int] = []
 
     async def run_chunk(seqs: list[np.ndarray], type_ids: object, normalize: bool | None, dims: int | None,
-                        priority: int, per_token: bool = False, pool_skip: int = 0) -> np.ndarray:
+                        priority: int, per_token: bool = False, pool_skip: int = 0,
+                        siblings: object = None) -> np.ndarray:
         calls.append(len(seqs))
         return np.stack([s[:1].astype(np.float32) for s in seqs])
 
