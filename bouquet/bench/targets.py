@@ -322,14 +322,15 @@ class ServerProcess:
         waiting for it: a server still not ready after 60 s has its log's tail logged once (a start
         that hangs would otherwise show nothing until the wait's end, and the log goes with stop())."""
         if self.proc.poll() is not None:
-            self.log.flush()
-            tail = (self.tmp / "server.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{tail}")
+            raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self._tail()}")
         if not self._told and time.monotonic() - self._started > 60:
             self._told = True
-            self.log.flush()
-            tail = (self.tmp / "server.log").read_text(errors="replace")[-3000:]
-            logging.getLogger("bouquet.bench").warning("server not ready after 60 s; its log so far:\n%s", tail)
+            logging.getLogger("bouquet.bench").warning("server not ready after 60 s; its log so far:\n%s", self._tail())
+
+    def _tail(self) -> str:
+        """The last 3,000 characters of the server's log."""
+        self.log.flush()
+        return (self.tmp / "server.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
         from bouquet.bench.procs import terminate

@@ -95,9 +95,12 @@ class Siblings:
     refusal wakes no one, so refused chunks do not retry in a loop."""
 
     def __init__(self) -> None:
-        self.running = 0
         self.tokens_on: dict[str, int] = {}  # replica address → this call's tokens sent there, unanswered
         self._finished = asyncio.Event()
+
+    def busy(self) -> bool:
+        """Some chunk of this call is with a replica now."""
+        return any(self.tokens_on.values())
 
     def finished(self) -> None:
         """A chunk came back (its rows or an error other than a refusal): its queue has room again."""
@@ -336,7 +339,7 @@ class ReplicaPool:
                 # whatever its age.
                 await self.check_health(0.0 if self.was_ready else time.monotonic())
                 r = self._pick(tried, batch)
-            if r is None and queue_full and only_siblings and siblings is not None and siblings.running > 0:
+            if r is None and queue_full and only_siblings and siblings is not None and siblings.busy():
                 # every replica refused this chunk, the last one while it held only this call's chunks:
                 # once a sibling is back this chunk may fit, so it waits for that (Siblings) and asks again
                 await siblings.one_finished()
@@ -356,7 +359,6 @@ class ReplicaPool:
             tried.add(r.address)
             r.outstanding_tokens += tokens
             if siblings is not None:
-                siblings.running += 1
                 siblings.tokens_on[r.address] = siblings.tokens_on.get(r.address, 0) + tokens
             refused = False
             try:
@@ -373,14 +375,12 @@ class ReplicaPool:
                 queue_full = str(e) or "queue full"
                 refused = True
                 only_siblings = siblings is not None and r.outstanding_tokens == siblings.tokens_on[r.address]
+                continue
             finally:
                 r.outstanding_tokens -= tokens
                 if siblings is not None:
-                    siblings.running -= 1
                     siblings.tokens_on[r.address] -= tokens
                     if not refused:
                         siblings.finished()
-            if refused:
-                continue
             r.served_chunks += 1
             return rows
