@@ -34,6 +34,8 @@ def _cell(row: dict[str, Any]) -> str:
         return f"{row['p50']:.2f} / {row['p99']:.2f}, {row['pairs_s']:,.0f} pairs/s"
     if row.get("bench") == "5":
         bad = sum(v for k, v in row.get("statuses", {}).items() if k != "200") + len(row.get("errors") or [])
+        if not row.get("n"):  # nothing answered in the window: the row holds only its errors (loadgen.summarize)
+            return f"no answer in the window ({bad} failed: {'; '.join(map(str, row.get('errors') or []))[:200]}){clock}"
         return f"{row['req_s']:,.0f} req/s, {row['p50']:.2f} / {row['p99']:.2f}{f' ({bad} failed)' if bad else ''}{clock}"
     caps = row.get("captures_in_window")
     caught = f", {caps} graph capture{'s' if caps != 1 else ''} in the window" if caps and caps > 0 else ""

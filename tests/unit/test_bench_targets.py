@@ -178,3 +178,16 @@ def test_a_server_that_hangs_at_start_has_its_log_shown(tmp_path: Path, caplog: 
         srv.proc.kill()
         srv.proc.wait()
         srv.log.close()
+
+
+def test_a_query_window_with_no_answer_is_reported_not_a_crash() -> None:
+    # A benchmark-5 window in which no request was answered has no percentiles (loadgen.summarize):
+    # the report raised KeyError 'p50' and the run lost every table with it (CI once, 3 clients on a
+    # loaded 2-core machine). Its cell says so, with the errors the clients saw.
+    from bouquet.bench.loadgen import LoadResult, summarize
+    from bouquet.bench.report import _cell
+
+    res = LoadResult()
+    res.errors.append("ConnectionRefusedError: [Errno 111]")
+    row = {"bench": "5", "case": "c3", "system": "bouquet-http", **summarize(res, 0.5), "gpu": None}
+    assert _cell(row) == "no answer in the window (1 failed: ConnectionRefusedError: [Errno 111])"
