@@ -67,6 +67,9 @@ def bench(
     baseline: Optional[Path] = typer.Option(None, help="results.json of an earlier run (e.g. the same suite from an old commit's checkout): "
                                             "results.md gets each row beside it with the ratio."),
     history: Optional[Path] = typer.Option(None, help="Append this run's figures to this CSV (bench/results/history.csv: one row per figure)."),
+    rounds: int = typer.Option(1, help="CPU suite: run every system this many times, round after round; each timing is "
+                               "the median of its rounds, shown with the lowest and highest (a shared machine drifts "
+                               "±15% between runs)."),
 ) -> None:
     """Run a load suite (bench/README.md) against bouquet and the transformers baseline, side by side."""
     if ctx.invoked_subcommand is not None:  # a tool suite or `suites`: its own arguments
@@ -80,7 +83,7 @@ def bench(
         raise typer.Exit(2)
     benchmarks = benchmarks or ",".join(LOAD_SUITES[suite].benchmarks)
     if benchmarks == "cpu":  # its own systems (bouquet/bench/cpu.py), whatever --suite's are
-        _cpu_suite(system, out, tiny, history)
+        _cpu_suite(system, out, tiny, history, rounds)
         return
     system = system or list(LOAD_SUITES[suite].systems)
     if device not in ("cuda", "cpu"):
@@ -175,10 +178,10 @@ for _name, (_module, _device, _what) in TOOL_SUITES.items():
     _tool(_name, _module, f"{_what} ({_device}).")
 
 
-def _cpu_suite(system: list[str], out: Path, tiny: bool, history: Optional[Path]) -> None:
+def _cpu_suite(system: list[str], out: Path, tiny: bool, history: Optional[Path], rounds: int = 1) -> None:
     """`--benchmarks cpu`: every CPU system unless --system names some (bouquet/bench/cpu.py);
     --tiny: the first 16 STSb pairs and 8 batch-1 calls (a smoke run); ``history``: the CSV its
-    figures are appended to."""
+    figures are appended to; ``rounds``: runs of every system, alternating (cpu.run_suite)."""
     from bouquet.bench.cpu import CPU_SYSTEMS, missing_packages, run_suite
     from bouquet.bench.history import append_history, cpu_history_rows
 
@@ -193,8 +196,11 @@ def _cpu_suite(system: list[str], out: Path, tiny: bool, history: Optional[Path]
         typer.echo(f"error: --benchmarks cpu needs {', '.join(missing)} (the test extra: pip install -e '.[bench,test]', "
                    "or make bench-cpu)", err=True)
         raise typer.Exit(2)
+    if rounds < 1:
+        typer.echo(f"error: --rounds must be at least 1, got {rounds}", err=True)
+        raise typer.Exit(2)
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    record = run_suite(chosen, out, sentences=16 if tiny else 0, b1=8 if tiny else 200)
+    record = run_suite(chosen, out, sentences=16 if tiny else 0, b1=8 if tiny else 200, rounds=rounds)
     typer.echo((out / "cpu-results.md").read_text())
     if history is not None:
         append_history(history, cpu_history_rows(record, str(out / "cpu-results.json")))

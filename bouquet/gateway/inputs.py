@@ -97,7 +97,8 @@ def _check_ids(ids: list[Any], param: str) -> None:
     # input, ``input``, not ``input[j]``, which would read as the j-th input.
     for j, t in enumerate(ids):
         if _too_big(t):
-            raise bad_request(f"{param} has token id {shown(t)} at position {j}, out of range", param, "invalid_token_id")
+            # the parser kept only a float of it (1.8446744073709552e+19 for 2**64): no number the client wrote
+            raise bad_request(f"{param} has a token id past 64 bits at position {j}, out of range", param, "invalid_token_id")
         if not _is_int(t):
             raise bad_request(f"{param} has {json_type(t)} at position {j}; token ids are integers", param, "invalid_type")
         if not -(2**31) <= t < 2**31:

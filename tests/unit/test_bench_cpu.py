@@ -86,3 +86,29 @@ def test_missing_packages_name_what_the_systems_need(monkeypatch: pytest.MonkeyP
                         lambda name, *a: None if name in ("scipy", "onnxruntime") else real(name, *a))
     assert missing_packages(("bouquet-bf16",)) == ["scipy"]
     assert missing_packages(("ort-fp32", "bouquet-http")) == ["scipy", "onnxruntime"]
+
+
+def test_rounds_give_each_timing_its_median_and_range() -> None:
+    """--rounds N: a row's timings are the median of its rounds, each round kept; the table shows
+    the median with the lowest and highest round; a round that failed makes the row an error."""
+    from bouquet.bench.cpu import _median_row, markdown
+
+    rounds = [{"bulk_per_s": b, "b1_p50_ms": p, "b1_p99_ms": 2 * p, "b1_calls": 200}
+              for b, p in ((900.0, 2.6), (1100.0, 2.2), (1000.0, 2.4))]
+    row = _median_row(rounds)
+    assert (row["bulk_per_s"], row["b1_p50_ms"], row["b1_p99_ms"]) == (1000.0, 2.4, 4.8)
+    assert [r["bulk_per_s"] for r in row["rounds"]] == [900.0, 1100.0, 1000.0] and row["b1_calls"] == 200
+    assert "rounds" not in _median_row(rounds[:1]) and _median_row(rounds[:1])["bulk_per_s"] == 900.0
+    assert _median_row([rounds[0], {"error": ["boom"]}]) == {"error": ["boom"]}
+    record = {"commit": "abc", "date": "d", "threads": 2, "split": "test", "pairs": 3, "cpu_flags": ["avx2"], "rounds": 3,
+              "systems": {"bouquet-bf16": {**row, "min_cos": 0.99986, "spearman": 0.82047}}}
+    table = markdown(record)
+    assert "3 rounds, each timing the median (lowest–highest round)" in table
+    assert "| bouquet-bf16 | 1,000 (900–1,100) | 2.40 (2.20–2.60) / 4.80 (4.40–5.20) | 0.99986 | 0.82047 |" in table
+
+
+def test_rounds_below_one_are_refused(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bouquet", "bench", "--benchmarks", "cpu", "--system", "bouquet-fp32",
+                           "--rounds", "0", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--rounds must be at least 1, got 0" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
