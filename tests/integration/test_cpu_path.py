@@ -53,7 +53,9 @@ def test_auto_dtype_is_fp32_under_int8_whatever_the_flags(monkeypatch: pytest.Mo
 
 def test_info_reports_the_cpu_dtype_and_quantization() -> None:
     """`--dtype auto --quantization int8` on the CPU: /info's model_dtype is fp32 (what int8 runs
-    in on every CPU), and its quantization the one served (int8 here, which then answers)."""
+    in on every CPU), and its quantization the one served (int8 here, which then answers). The log
+    says why auto chose fp32, and names the CPU kernels after quantization (a trial read "CPU linears
+    in torch.float32: oneDNN, prepacked", logged before int8 replaced them)."""
     srv = BouquetProcess("--dtype", "auto", "--quantization", "int8")
     try:
         info = requests.get(f"{srv.url}/info", timeout=30).json()
@@ -62,6 +64,19 @@ def test_info_reports_the_cpu_dtype_and_quantization() -> None:
         srv.stop()
     assert info["model_dtype"] == "float32" and info["quantization"] == "int8"
     assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+    log = srv.log()
+    assert "engine: --dtype auto: float32 (int8's kernels take fp32 rows)" in log, log[-3000:]
+    assert "engine: CPU linears (model dtype float32): int8 (torch._int_mm)" in log, log[-3000:]
+
+
+def test_auto_dtype_reason_names_the_cpu_flags() -> None:
+    from bouquet.engine.runtime import engine
+
+    cpu = torch.device("cpu")
+    assert engine.auto_dtype_reason(cpu, "none", frozenset({"avx2", "avx512_bf16"})) == \
+        "this CPU has native bf16 dot products: avx512_bf16"
+    assert "no native bf16 dot products" in engine.auto_dtype_reason(cpu, "none", frozenset({"avx2"}))
+    assert engine.auto_dtype_reason(cpu, "int8", frozenset({"avx512_bf16"})) == "int8's kernels take fp32 rows"
 
 
 def test_int8_needs_the_cpu() -> None:
@@ -105,6 +120,52 @@ def test_int8_gate_admits_minilm_and_refuses_past_the_bar() -> None:
     with pytest.raises(ValueError, match=r"--quantization int8 is refused for this model: .* cosine 0\.9\d+ .*"
                                          r"the bar is 0\.99999"):
         Engine(spec, "cpu", "float32", quantization="int8", int8_min_cosine=0.99999)
+
+
+def test_scorer_agreement_sees_the_ranking_under_a_constant_offset() -> None:
+    """A scorer's probe agreement (``output_cosines``, D < 8) is the lower of cosine and Pearson
+    correlation per output: logits of 3 + small values (a classifier bias) in an unrelated order
+    read cosine ~0.999, correlation ~0; a shift of every score is caught by the cosine."""
+    from bouquet.engine.linear.fp8 import output_cosines
+
+    g = torch.Generator().manual_seed(0)
+    ref = 3 + 0.1 * torch.randn(32, 1, generator=g)
+    shuffled = 3 + 0.1 * torch.randn(32, 1, generator=g)
+    assert F.cosine_similarity(shuffled.t(), ref.t()).item() > 0.99  # what the cosine alone saw
+    assert output_cosines(shuffled, ref)[0] < 0.5
+    assert output_cosines(ref + 1e-4 * torch.randn(32, 1, generator=g), ref)[0] > 0.999
+    assert output_cosines(-ref, ref)[0] < 0  # a sign flip: both measures see it
+    assert output_cosines(torch.full((32, 1), 3.0), torch.full((32, 1), 3.0))[0] == pytest.approx(1)  # flat: cosine alone
+    emb = torch.randn(4, 16, generator=g)  # embeddings (D ≥ 8): per-row cosine, unchanged
+    assert output_cosines(emb + 5, emb + 5) == pytest.approx(np.ones(4))
+
+
+def test_int8_gate_refuses_a_cross_encoder_whose_ranking_it_breaks(tmp_path: Path) -> None:
+    """A fresh-clone trial's reranker (random 2-layer BERT cross-encoder with weight outliers): int8
+    reordered its documents, yet with a classifier bias of 3 the gate's plain cosine read 0.9991
+    and admitted it. It is refused now, as the same model without the bias always was."""
+    import shutil
+
+    import transformers as tf
+
+    from bouquet.modelspec import resolve_model_path
+
+    torch.manual_seed(1)
+    cfg = tf.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1)
+    model = tf.BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "encoder" in name and p.dim() == 2:
+                p.normal_(0, 1.0)
+                p.view(-1)[::97] *= 300
+        model.classifier.weight.normal_(0, 1.0)
+        model.classifier.bias.fill_(3.0)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(resolve_model_path(None) / f, tmp_path / f)
+    with pytest.raises(ValueError, match=r"--quantization int8 is refused for this model"):
+        Engine(load_spec(str(tmp_path)), "cpu", "float32", quantization="int8")
 
 
 def test_minilm_bf16_on_stsb_test_matches_sentence_transformers(st_sts_test) -> None:

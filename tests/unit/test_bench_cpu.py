@@ -35,7 +35,8 @@ def test_tiny_cpu_run_records_every_column(tmp_path: Path) -> None:
     for r in record["systems"].values():
         assert r["bulk_per_s"] > 0 and 0 < r["b1_p50_ms"] <= r["b1_p99_ms"] and r["b1_calls"] == 8
         assert r["min_cos"] > 0.9999 and -1 <= r["spearman"] <= 1
-    assert "| bouquet-fp32 |" in done.stdout
+    assert "| bouquet-fp32 | float32 |" in done.stdout
+    assert record["systems"]["bouquet-http"]["dtype"] in ("float32", "bfloat16")  # the served default: /info's
     # a full run takes minutes: each system's start and end, then where the record went, on stderr
     for line in ("[1/3] st-fp32 ...", "[2/3] bouquet-fp32 ...", "[2/3] bouquet-fp32 done in", "[3/3] bouquet-http done in",
                  "cpu-results.md"):
@@ -101,10 +102,10 @@ def test_rounds_give_each_timing_its_median_and_range() -> None:
     assert "rounds" not in _median_row(rounds[:1]) and _median_row(rounds[:1])["bulk_per_s"] == 900.0
     assert _median_row([rounds[0], {"error": ["boom"]}]) == {"error": ["boom"]}
     record = {"commit": "abc", "date": "d", "threads": 2, "split": "test", "pairs": 3, "cpu_flags": ["avx2"], "rounds": 3,
-              "systems": {"bouquet-bf16": {**row, "min_cos": 0.99986, "spearman": 0.82047}}}
+              "systems": {"bouquet-bf16": {**row, "dtype": "bfloat16", "min_cos": 0.99986, "spearman": 0.82047}}}
     table = markdown(record)
     assert "3 rounds, each timing the median (lowest–highest round)" in table
-    assert "| bouquet-bf16 | 1,000 (900–1,100) | 2.40 (2.20–2.60) / 4.80 (4.40–5.20) | 0.99986 | 0.82047 |" in table
+    assert "| bouquet-bf16 | bfloat16 | 1,000 (900–1,100) | 2.40 (2.20–2.60) / 4.80 (4.40–5.20) | 0.99986 | 0.82047 |" in table
 
 
 def test_rounds_below_one_are_refused(tmp_path: Path) -> None:

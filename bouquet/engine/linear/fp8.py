@@ -183,10 +183,26 @@ def set_fp8_min_tokens(model: nn.Module, min_tokens: int | None, kinds: tuple[st
             p.fp8_min_tokens = min_tokens
 
 
+def agreement_name(out_dim: int) -> str:
+    """What ``output_cosines`` measures for outputs of ``out_dim`` columns, for messages."""
+    return "cosine" if out_dim >= 8 else "score cosine / correlation"
+
+
 def output_cosines(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
-    """Agreement of two [B, D] float outputs, as a float64 array: per-row cosine when D ≥ 8 (embeddings),
-    else per-column cosine over the batch (a scorer's logits)."""
+    """Agreement of outputs ``a`` [B, D] with reference outputs ``b`` [B, D] (float), as a float64
+    array: per-row cosine when D ≥ 8 (embeddings), else per column over the batch (a scorer's
+    logits) the lower of the cosine and the Pearson correlation (the cosine of the centred
+    columns). A scorer's classifier bias is a constant offset on every logit: alone the cosine
+    reads ~1 for scores the quantization reorders (a bias of 3 on a damaged cross-encoder read
+    0.9991), while the correlation sees the ranking; the cosine still sees a shift of all scores.
+    A reference column the batch barely moves (spread under 1e-6 of its size) has no ranking to
+    keep: its cosine alone counts."""
     x, y = a.double().cpu(), b.double().cpu()
-    if x.shape[1] < 8:
-        x, y = x.t(), y.t()
-    return F.cosine_similarity(x, y, dim=1, eps=1e-30).numpy()
+    if x.shape[1] >= 8:
+        return F.cosine_similarity(x, y, dim=1, eps=1e-30).numpy()
+    x, y = x.t(), y.t()  # [D, B]: each output over the batch
+    plain = F.cosine_similarity(x, y, dim=1, eps=1e-30)
+    xc, yc = x - x.mean(dim=1, keepdim=True), y - y.mean(dim=1, keepdim=True)
+    flat = yc.norm(dim=1) <= 1e-6 * y.norm(dim=1)
+    centred = torch.where(flat, plain, F.cosine_similarity(xc, yc, dim=1, eps=1e-30))
+    return torch.minimum(plain, centred).numpy()

@@ -20,7 +20,7 @@ from torch import nn
 from bouquet.engine.linear.base import linears
 from bouquet.engine.plan import DeviceProfile
 from bouquet.engine.linear.cpu import CpuMethod, Int8Linear, MaxRecorder, OneDnnMethod
-from bouquet.engine.linear.fp8 import KINDS, output_cosines
+from bouquet.engine.linear.fp8 import KINDS, agreement_name, output_cosines
 from bouquet.engine.runtime.batch import Batch
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,12 @@ def quantize_int8(model: nn.Module, forward: Callable[[Batch], torch.Tensor], ba
         p.method = CpuMethod(Int8Linear.prepare(p.weight, p.bias, r.act_max if p.kind in SMOOTHED_KINDS else None),
                              "int8 (torch._int_mm)")
     cos = output_cosines(forward(batch), ref)
-    log.info("quantization: int8 for %d matmuls (%s of every layer; per-channel weight and per-token activation "
-             "scales, SmoothQuant migration calibrated on the probe batch, int32 accumulation); probe batch cosine "
-             "vs the unquantized model min %.5f mean %.5f (bar %s)", len(chosen), "+".join(kinds), cos.min(),
-             cos.mean(), min_cosine)
     if not np.isfinite(cos).all() or cos.min() < min_cosine:
         raise ValueError(f"--quantization int8 is refused for this model: on a probe batch its int8 outputs reach "
-                         f"only cosine {cos.min():.4f} against its own unquantized outputs (the bar is "
-                         f"{min_cosine}); run it without --quantization")
+                         f"only {agreement_name(ref.shape[1])} {cos.min():.4f} against its own unquantized outputs "
+                         f"(the bar is {min_cosine}); run it without --quantization")
+    log.info("quantization: int8 for %d matmuls (%s of every layer; per-channel weight and per-token activation "
+             "scales, SmoothQuant migration calibrated on the probe batch, int32 accumulation); probe batch %s "
+             "vs the unquantized model min %.5f mean %.5f (bar %s)", len(chosen), "+".join(kinds),
+             agreement_name(ref.shape[1]), cos.min(), cos.mean(), min_cosine)
     return float(cos.min()), float(cos.mean())

@@ -29,7 +29,7 @@ from bouquet.engine.runtime.batch import Batch
 from bouquet.engine.runtime.buckets import bucket_for, load_hot, startup_buckets
 from bouquet.engine.runtime import cpu_plan
 from bouquet.engine.runtime.contract import EngineInfo
-from bouquet.engine.linear.cpu import cpu_dtype, cpu_flags, padded_rows
+from bouquet.engine.linear.cpu import BF16_FLAGS, cpu_dtype, cpu_flags, padded_rows
 from bouquet.engine.linear.fp8_checkpoint import split_fp8_checkpoint
 from bouquet.engine.runtime.graphs import GraphManager, input_views, pack_inputs
 from bouquet.engine.heads.m3_heads import M3Heads
@@ -37,7 +37,7 @@ from bouquet.engine.heads.pooling import pooler
 from bouquet.engine.linear.base import GatedTritonLinear, linears
 from bouquet.engine.linear.select import assign_methods
 from bouquet.engine.models.base import PackedModel
-from bouquet.engine.linear.fp8 import enable_fp8, fp8_linears, output_cosines, set_fp8_min_tokens
+from bouquet.engine.linear.fp8 import agreement_name, enable_fp8, fp8_linears, output_cosines, set_fp8_min_tokens
 from bouquet.engine.linear.triton_gemms import compile_now
 from bouquet.engine.plan import FP8_MIN_TOKENS, WARM_TOKENS, KernelPlan, profile_of
 from bouquet.engine.heads.st_head import build_head
@@ -73,6 +73,19 @@ def resolve_dtype(dtype: str, device: torch.device, quantization: str = "none") 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or auto, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+def auto_dtype_reason(device: torch.device, quantization: str, flags: frozenset[str]) -> str:
+    """Why ``resolve_dtype("auto", ...)`` chose what it chose, for the start-up log; ``flags``: the
+    CPU's (``linear.cpu.cpu_flags``), unused on CUDA."""
+    if device.type == "cuda":
+        return "the GPU's dtype: bf16 tensor cores"
+    if quantization == "int8":
+        return "int8's kernels take fp32 rows"
+    found = sorted(BF16_FLAGS & flags)
+    if found:
+        return f"this CPU has native bf16 dot products: {', '.join(found)}"
+    return "this CPU has no native bf16 dot products (avx512_bf16 or amx_bf16); bf16 would run slower"
 
 
 class PendingResult:
@@ -135,6 +148,9 @@ class Engine:
         self.spec = spec
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device, quantization)
+        if dtype == "auto":
+            log.info("engine: --dtype auto: %s (%s)", str(self.dtype).removeprefix("torch."),
+                     auto_dtype_reason(self.device, quantization, cpu_flags() if self.device.type == "cpu" else frozenset()))
         self.attn: AttentionBackend = select_backend(self.device, self.dtype, attention)
         cls = model_class(spec.architecture, spec.task)
         extra = {"yes_no_ids": spec.yes_no_ids} if spec.yes_no_ids is not None else {}
@@ -195,8 +211,6 @@ class Engine:
         self.quantization = quantization
         if quantization == "int8" and self.device.type != "cpu":
             raise ValueError(f"--quantization int8 runs on the CPU only, not on {self.device}; on a GPU use fp8")
-        if self.device.type == "cpu":
-            log.info("engine: CPU linears in %s: %s", self.dtype, cpu_plan.describe(model))
         if quantization == "fp8":
             self._enable_fp8(fp8_min_cosine)
         elif quantization == "int8":
@@ -204,6 +218,9 @@ class Engine:
                 self.spec.vocab_size, self.spec.max_seq_length), int8_min_cosine, int8_kinds)
         elif quantization != "none":
             raise ValueError(f"quantization must be none, fp8 or int8, got {quantization!r}")
+        if self.device.type == "cpu":  # after quantization: the kernels that run
+            log.info("engine: CPU linears (model dtype %s): %s", str(self.dtype).removeprefix("torch."),
+                     cpu_plan.describe(model))
         self.stored_fp8.rows.clear()  # the projections hold what they use (on the device)
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)
@@ -227,22 +244,22 @@ class Engine:
             ref = self.forward(batch)
             set_fp8_min_tokens(self.model, FP8_MIN_TOKENS)
         cos = output_cosines(fp8, ref)
+        dt = str(self.dtype).removeprefix("torch.")  # the model dtype: bfloat16 on the GPU by default, float32 on the CPU
+        if not np.isfinite(cos).all() or cos.min() < min_cosine:
+            raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "
+                             f"only {agreement_name(ref.shape[1])} {cos.min():.4f} against its own {dt} outputs (the "
+                             f"bar is {min_cosine}); run it without --quantization")
         chosen = fp8_linears(self.model)
         kinds = {p.kind: p for p in chosen}  # one projection per kind: the same settings in every layer
         how = ", ".join(f"{k}: {'scales applied by the next kernel' if p.fp8_method.deferred else 'row-wise scaled GEMM'}"
                         for k, p in kinds.items())
         kept = sum(p.fp8_method.from_checkpoint for p in chosen)
-        dt = str(self.dtype).removeprefix("torch.")  # the model dtype: bfloat16 on the GPU by default, float32 on the CPU
         log.info("quantization: fp8 e4m3 for %d matmuls (%s of every layer, on every step; per-channel weight and "
                  "per-token activation scales; %d with the checkpoint's own fp8 weights, the others quantized at "
                  "load; %s); %s for the other matmuls, embeddings, norms, attention, pooling and heads; probe batch "
-                 "cosine vs %s min %.5f mean %.5f",
-                 n, "+".join(kinds), kept, how, dt, dt, cos.min(), cos.mean())
+                 "%s vs %s min %.5f mean %.5f (bar %s)",
+                 n, "+".join(kinds), kept, how, dt, agreement_name(ref.shape[1]), dt, cos.min(), cos.mean(), min_cosine)
         self.fp8_cosine = (float(cos.min()), float(cos.mean()))
-        if not np.isfinite(cos).all() or cos.min() < min_cosine:
-            raise ValueError(f"--quantization fp8 is refused for this model: on a probe batch its fp8 outputs reach "
-                             f"only cosine {cos.min():.4f} against its own {dt} outputs (the bar is "
-                             f"{min_cosine}); run it without --quantization")
 
     @classmethod
     def from_state_dict(cls, spec: ModelSpec, state: dict[str, torch.Tensor], device: str = "auto",
