@@ -284,7 +284,13 @@ def serve(cfg: ServeConfig) -> int:
                 group_models.append(c.model or spec.model_id)  # None: the embedded default, named by its id
                 addresses, paths = [r.address for r in groups[-1]], [r.ipc_path for r in groups[-1]]
                 gpus = [replica_gpu(r.device) for r in groups[-1]]
-            log.info("model %s (%s), replicas %s (%s)", spec.model_id, spec.architecture, addresses,
+            if spec.pools_own_last_token:
+                log.warning("model %s: a causal embedder pooled on the last token, with no <|endoftext|> in "
+                            "tokenizer.json and no eos_token_id in config.json: nothing is appended, so each text's "
+                            "own last token is pooled (a model trained on an end-of-text token gives other vectors)",
+                            spec.model_id)
+            log.info("model %s (%s, task %s%s), replicas %s (%s)", spec.model_id, spec.architecture, spec.task,
+                     f": {spec.task_reason}" if spec.task_reason else "", addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")
             gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths), replica_gpus=tuple(gpus)))
     except BaseException:

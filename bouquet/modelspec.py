@@ -121,6 +121,16 @@ class ModelSpec:
     # sentence-transformers' Pooling ``include_prompt: false`` (INSTRUCTOR-style): the tokens of a
     # prompt the gateway prepends (tokenization.TextTokenizer.prompt_skip) are left out of pooling
     include_prompt: bool = True
+    # why a causal LM whose family can rerank is served as what it is (``_lm_reranker``), for the
+    # start-up log; "" for every other model, whose architecture alone says its task
+    task_reason: str = ""
+
+    @property
+    def pools_own_last_token(self) -> bool:
+        """A causal embedder pooled on the last token with no end-of-text id to append (no
+        <|endoftext|> in tokenizer.json, no eos_token_id in config.json): each text's own last
+        token is pooled, which the launcher warns of."""
+        return self.causal and self.task == "embed" and "last" in self.pooling.split("+") and self.append_eos_id is None
 
     @property
     def tokenizer_path(self) -> Path:
@@ -162,16 +172,22 @@ def is_causal(cfg: dict[str, Any]) -> bool:
     return not bidirectional and cfg.get("is_causal", True) is not False
 
 
-def _is_lm_reranker(arch: str, cfg: dict[str, Any], name: str) -> bool:
-    """A causal LM served as a yes/no reranker (its family has a ``reranker_template``): said by
-    ``"bouquet": {"task": "score"}``, ``"is_reranker": true``, or a model name/directory
-    containing "reranker"."""
+def _lm_reranker(arch: str, cfg: dict[str, Any], name: str) -> tuple[bool, str]:
+    """Whether a causal LM is served as a yes/no reranker (its family has a ``reranker_template``),
+    and why, for the start-up log: said by ``"bouquet": {"task": "score"}``, ``"is_reranker": true``,
+    or a model name/directory containing "reranker" (as Qwen3-Reranker-0.6B's), in that order.
+    (False, "") for an architecture that cannot be one."""
     if family(arch).reranker_template is None:
-        return False
+        return False, ""
     task = (cfg.get("bouquet") or {}).get("task")
     if task is not None:
-        return task == "score"
-    return bool(cfg.get("is_reranker")) or "reranker" in name.lower()
+        return task == "score", f'config.json\'s "bouquet": {{"task": "{task}"}}'
+    if cfg.get("is_reranker"):
+        return True, 'config.json\'s "is_reranker": true'
+    if "reranker" in name.lower():
+        return True, "its name or folder contains 'reranker'"
+    return False, ("an embedder: a yes/no reranker needs 'reranker' in its name or folder, \"is_reranker\": true or "
+                   "\"bouquet\": {\"task\": \"score\"} in config.json (docs/api.md)")
 
 
 def _vocab_id(path: Path | None, token: str) -> int | None:
@@ -235,7 +251,7 @@ def spec_from_config(
         raise ModelError(str(e)) from None
     bouquet_cfg = cfg.get("bouquet", {})  # optional overrides written by a deployer
     causal = is_causal(cfg)
-    lm_reranker = _is_lm_reranker(arch, cfg, f"{model_id} {name_hint}")
+    lm_reranker, task_reason = _lm_reranker(arch, cfg, f"{model_id} {name_hint}")
     task: Task = "score" if row.score_head or lm_reranker else "embed"
     pooling = st.pooling if st.pooling is not None else row.default_pooling(causal or lm_reranker, cfg)
     sparse = row.sparse or st.sparse
@@ -303,6 +319,7 @@ def spec_from_config(
         sparse=sparse,
         token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
         include_prompt=st.include_prompt,
+        task_reason=task_reason,
     )
 
 

@@ -153,6 +153,11 @@ class ReplicaPool:
     # A call holds at most MAX_REPLY_BYTES of them, which a replica would refuse (400): a SPLADE row is
     # vocabulary-sized (600 KB at 150k), so 1,000 four-token texts fit --chunk-tokens but not one reply.
     row_bytes: int = 0
+    # What this gateway serves (its own --model): a replica whose Info says another task or output
+    # width is not used (a `bouquet server` started with another folder, or with another name that
+    # makes a Qwen3ForCausalLM a reranker on one side and an embedder on the other). "" / 0: unchecked.
+    expect_task: str = ""
+    expect_dimension: int = 0
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() at which the last health check ended
@@ -219,10 +224,12 @@ class ReplicaPool:
             if isinstance(r.calls, IpcChannel) and info.ready:
                 await r.calls.connect()  # (re)open after a start-up race or the replica's restart
             # An IPC replica is usable once its socket has connected too (it may lag Info briefly).
-            up = bool(info.ready) and r.calls.connected
+            other = self._other_model(info)
+            up = bool(info.ready) and r.calls.connected and not other
             r.info, r.healthy = info, up
             self.was_ready = self.was_ready or up
-            r.last_error = "" if up else "loading" if not info.ready else f"no IPC connection to {r.calls.address} yet"
+            r.last_error = ("" if up else "loading" if not info.ready else other
+                            or f"no IPC connection to {r.calls.address} yet")
         except grpc.aio.AioRpcError as e:
             hint = " (give the gateway the replica's API key: BOUQUET_API_KEY)" if e.code() == grpc.StatusCode.UNAUTHENTICATED else ""
             r.healthy, r.last_error = False, f"{e.code().name}: {e.details()}{hint}"
@@ -232,6 +239,16 @@ class ReplicaPool:
             log.info("replica %s ready", r.address)
         elif not r.healthy and _kind(r.last_error) != _kind(said) and r.last_error != "loading":
             (log.info if self.shutting_down() else log.warning)("replica %s not usable: %s", r.address, r.last_error)
+
+    def _other_model(self, info: pb.InfoReply) -> str:
+        """Why a replica's model is not this gateway's (its task or output width differ), or ""."""
+        task_differs = bool(self.expect_task) and bool(info.task) and info.task != self.expect_task
+        width_differs = self.expect_dimension > 0 and 0 < info.dimension != self.expect_dimension
+        if not (task_differs or width_differs):
+            return ""
+        return (f"it serves {info.model_id or 'a model'} ({info.architecture}) as task {info.task!r} with {info.dimension} "
+                f"outputs, and this gateway's model is task {self.expect_task!r} with {self.expect_dimension}: give "
+                "`bouquet server` and the gateway the same --model and --served-model-name")
 
     async def check_health(self, since: float = 0.0) -> None:
         """Probe every replica; a check already in flight is joined, not doubled. ``since``

@@ -79,7 +79,8 @@ async def serve(cfg: ServeConfig, port_file: str | None, device: str | None, bin
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, port_file)
-    log.info("server: gRPC on port %d%s, loading %s", port, f", IPC on {ipc_path}" if ipc_path else "", spec.path)
+    log.info("server: gRPC on port %d%s, loading %s (task %s%s)", port, f", IPC on {ipc_path}" if ipc_path else "",
+             spec.path, spec.task, f": {spec.task_reason}" if spec.task_reason else "")
     loop_task = asyncio.create_task(service.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

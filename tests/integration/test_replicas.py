@@ -117,6 +117,26 @@ def standalone_server():
     srv.stop()
 
 
+def test_a_replica_serving_another_model_is_not_used(standalone_server, tmp_path: Path):
+    """A gateway whose --model is not the `bouquet server`'s (another output width here; a
+    Qwen3ForCausalLM named a reranker on one side only differs in task): the replica is not used,
+    and /health, the log and the 503 say why, instead of vectors of the other model (a trial's
+    gateway returned the replica's embedder scores as rerank scores). Before the test below, which
+    stops the module's `bouquet server`."""
+    from bouquet.bench.models import TINY_BERT, make_model_dir
+
+    _, address = standalone_server
+    gw = BouquetProcess("--server", address, "--model", str(make_model_dir(TINY_BERT, tmp_path)), wait_for=(503,))
+    try:
+        r = httpx.post(gw.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
+        assert r.status_code == 503, r.text
+        rep = health(gw)["replicas"][0]
+        assert rep["healthy"] is False and "with 384 outputs, and this gateway's model is task 'embed' with 32" in rep["error"], rep
+        assert "the same --model and --served-model-name" in gw.log(), gw.log()[-2000:]
+    finally:
+        gw.stop()
+
+
 def test_gateway_workers_share_external_replicas(three_replicas, standalone_server, texts, reference):
     """`--server` (repeatable) + `--gateway-workers 2`: a gateway that starts no replica, in front
     of a standalone `bouquet server` and a replica of another gateway."""

@@ -151,3 +151,26 @@ def test_low_precision_close_to_float32(kind: str, dtype: str, tiny_dirs: dict[s
         np.testing.assert_allclose(low, full, atol=0.02, rtol=0)
     else:
         assert cosine(low, full).min() >= 0.99
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+                                     {"type": "linear", "factor": 2.0}])
+def test_a_scaled_rope_beside_rope_parameters_is_refused(scaling: dict[str, object], tmp_path: Path) -> None:
+    """A transformers-5 config.json (``rope_parameters`` of the default type) plus the
+    ``rope_scaling`` edit model cards give for long inputs: transformers applies it; the engine
+    implements only the default rope, so it refuses (it served vectors at cosine 0.96 instead)."""
+    import json
+    import shutil
+
+    from bouquet.engine.kernels.layers import rope_theta
+
+    assert rope_theta({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": None}) == 1e6
+    with pytest.raises(ValueError, match="rope_type .* is not supported"):
+        rope_theta({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": scaling})
+    src = make_tiny_model("qwen3", tmp_path / "src")
+    shutil.copytree(src, tmp_path / "scaled")
+    cfg = json.loads((tmp_path / "scaled" / "config.json").read_text())
+    assert cfg.get("rope_parameters", {}).get("rope_type") == "default"  # as transformers 5 writes it
+    (tmp_path / "scaled" / "config.json").write_text(json.dumps({**cfg, "rope_scaling": scaling}))
+    with pytest.raises(ValueError, match="rope_type .* is not supported"):
+        Engine(load_spec(str(tmp_path / "scaled")), "cpu", "float32")

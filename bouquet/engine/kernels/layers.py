@@ -53,12 +53,16 @@ class RMSNorm(nn.Module):
 def rope_theta(cfg: dict[str, Any]) -> float:
     """The rotary base from a config (transformers v5 ``rope_parameters`` or v4 ``rope_theta``).
 
-    Raises ValueError for a scaled rope (yarn, linear, …): only the default rope is implemented.
+    Raises ValueError for a scaled rope (yarn, linear, …) in ``rope_parameters`` or in
+    ``rope_scaling``: only the default rope is implemented. Both keys are read: a transformers-5
+    config.json holds ``rope_parameters`` with the default type, and the edit model cards ask for
+    (``"rope_scaling": {"rope_type": "yarn", ...}``) adds the other, which transformers applies.
     """
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise ValueError(f"rope_type {kind!r} is not supported; only 'default' rotary embeddings are")
+    params = cfg.get("rope_parameters") or {}
+    for scaled in (params, cfg.get("rope_scaling") or {}):
+        kind = scaled.get("rope_type", scaled.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"rope_type {kind!r} is not supported; only 'default' rotary embeddings are")
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
