@@ -356,6 +356,12 @@ class TextTokenizer:
         """Texts → ``tokenizers.Encoding`` objects (ids, tokens, offsets), never truncated."""
         return self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
 
+    def appended_eos(self, ids: list[int]) -> tuple[int, str] | None:
+        """(id, token string) of the EOS ``finish`` appends to ``ids``, or None when it appends none."""
+        if self.eos is None or (ids and ids[-1] == self.eos):
+            return None
+        return self.eos, self._plain.id_to_token(self.eos) or ""
+
     def finish(self, ids: list[int]) -> np.ndarray:
         """Token ids → int32 array, with the model's pooled EOS appended when it needs one."""
         return self._finish(ids)

@@ -149,7 +149,9 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
     ``prompt_name`` → per input a list of ``{"id", "text", "special", "start", "stop"}``:
     character offsets into the text tokenized (the prompt, when one applies, then the input),
     null for special tokens; spans never overlap and ``text`` is always ``input[start:stop]``
-    (``token_spans``)."""
+    (``token_spans``). With special tokens, the tokens the model reads: the EOS the gateway appends
+    for a decoder embedder whose tokenizer does not (e5-mistral's ``</s>``) ends the list, as
+    ``usage`` counts it."""
     texts = parse_texts(body.get("inputs"), "inputs", gw.cfg.max_inputs)
     add_special = opt_bool(body, "add_special_tokens")
     prompt = gw.resolve_prompt(body)
@@ -164,6 +166,9 @@ async def tokenize_route(gw: Gateway, body: dict[str, Any]) -> Response:
         out.append([{"id": tid, "text": tok if span is None else text[span[0]:span[1]], "special": span is None,
                      "start": None if span is None else span[0], "stop": None if span is None else span[1]}
                     for tid, tok, span in zip(enc.ids, enc.tokens, spans)])
+        eos = gw.tokenizer.appended_eos(enc.ids) if add_special is not False else None
+        if eos is not None:
+            out[-1].append({"id": eos[0], "text": eos[1], "special": True, "start": None, "stop": None})
     return json_response(out)
 
 

@@ -89,6 +89,13 @@ def test_serve_decoder_family_over_http(kind, tmp_path):
         assert cosine_rows(got, ref).min() >= 0.9999 and cosine_rows(got_q, ref_q).min() >= 0.9999
         assert cosine_rows(got, got_q).max() < 0.999  # the prompt changes the vectors
         assert cosine_rows(got[:-1], got[1:]).max() < 0.999
+        # /tokenize lists the ids the model reads (the EOS the gateway appends included), as usage counts them
+        import httpx
+
+        toks = httpx.post(srv.url + "/tokenize", json={"inputs": TEXTS[0]}, timeout=30).json()[0]
+        assert [t["id"] for t in toks] == list(tok.encode(TEXTS[:1]).ids[0]), toks
+        usage = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[0]}, timeout=30).json()["usage"]
+        assert usage["prompt_tokens"] == len(toks) and toks[-1]["special"] and toks[-1]["start"] is None
     finally:
         srv.stop()
 
