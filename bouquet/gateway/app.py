@@ -49,7 +49,7 @@ ROUTES = Routes(
          "/v1/models": routes_openai.models_route, "/info": routes_tei.info_route},
     get_items={"/v1/models/": routes_openai.model_route},
     public={"/health": routes_openai.health_status_route},
-    kinds={"/v1/embeddings": "embed", "/v2/embed": "embed", "/embed": "embed", "/embed_sparse": "sparse", "/embed_all": "embed", "/similarity": "embed", "/v1/rerank": "score", "/v2/rerank": "score", "/v1/score": "score", "/rerank": "score", "/predict": "score"},
+    kinds={"/v1/embeddings": "embed", "/v2/embed": "dense", "/embed": "dense", "/embed_sparse": "sparse", "/embed_all": "dense", "/similarity": "dense", "/v1/rerank": "score", "/v2/rerank": "score", "/v1/score": "score", "/rerank": "score", "/predict": "score"},
 )
 
 

@@ -19,13 +19,17 @@ from bouquet.gateway.core import Gateway
 from bouquet.gateway.errors import APIError, bad_request, cut, json_type
 from bouquet.modelspec import ModelSpec
 
-# The model a POST route needs: "embed" (embedding routes), "sparse" (/embed_sparse: the first
-# embedding model with sparse output, a SPLADE model or bge-m3's heads, else the first embedding
-# model), "score" (rerank / score routes; an embedding model scores by cosine where no scoring model
-# is served), "any" (/tokenize, /decode).
-RouteKind = Literal["embed", "sparse", "score", "any"]
+# The model a POST route needs: "embed" (/v1/embeddings: any embedding model, whose dense output
+# is the default, a SPLADE model's sparse one when named), "dense" (TEI's /embed, /embed_all,
+# /similarity, Cohere's /v2/embed: an embedding model with dense vectors, not SPLADE), "sparse"
+# (/embed_sparse: the first embedding model with sparse output, a SPLADE model or bge-m3's heads,
+# else the first embedding model), "score" (rerank / score routes; an embedding model scores by
+# cosine where no scoring model is served), "any" (/tokenize, /decode). Without ``model``, "embed"
+# and "dense" go to the first dense embedding model: a SPLADE model first in --model order took
+# TEI's /embed, which it cannot answer, while a dense model was served.
+RouteKind = Literal["embed", "dense", "sparse", "score", "any"]
 _KIND_WORDS = {"embed": "an embedding model", "score": "a scoring model"}
-_TASK = {"embed": "embed", "sparse": "embed", "score": "score"}  # the spec.task a route kind needs
+_TASK = {"embed": "embed", "dense": "embed", "sparse": "embed", "score": "score"}  # the spec.task a route kind needs
 
 
 def model_names(models: Sequence[tuple[ServeConfig, ModelSpec]]) -> list[tuple[str, frozenset[str]]]:
@@ -66,6 +70,8 @@ class Catalog:
             raise ValueError("a gateway serves at least one model")
         by_name = {n: gw for gw in gateways for n in gw.names}
         first_of = {kind: next((gw for gw in gateways if gw.spec.task == kind), gateways[0]) for kind in _KIND_WORDS}
+        first_of["embed"] = first_of["dense"] = next((gw for gw in gateways if gw.spec.task == "embed"
+                                                      and not gw.spec.sparse), first_of["embed"])
         first_of["sparse"] = next((gw for gw in gateways if gw.spec.task == "embed"
                                    and (gw.spec.sparse or gw.spec.token_heads)), first_of["embed"])
         first_of["any"] = gateways[0]
@@ -93,14 +99,18 @@ class Catalog:
     def pick(self, model: Any, kind: RouteKind) -> Gateway:
         """The model a request goes to (several models served): ``model`` when given, else the first
         of ``kind``. Raises APIError (``find``'s, or 400 ``wrong_task`` when ``model`` is of the
-        other kind while a model of the fitting kind is served; the message names that one)."""
+        other kind, or a SPLADE model on a dense route, while a model of the fitting kind is served;
+        the message names that one)."""
         if model is None:
             return self.first_of[kind]
         gw = self.find(model)
         task = _TASK.get(kind)
+        fit = self.first_of[kind]
         if task is not None and gw.spec.task != task:
-            fit = self.first_of[kind]
             if fit.spec.task == task:
                 raise bad_request(f"model '{model}' is {_KIND_WORDS[gw.spec.task]} and this route needs "
                                   f"{_KIND_WORDS[task]}: use model '{fit.public_id}'", "model", "wrong_task")
+        elif kind == "dense" and gw.spec.sparse and fit.spec.task == "embed" and not fit.spec.sparse:
+            raise bad_request(f"model '{model}' is a sparse (SPLADE) model and this route needs a dense embedding "
+                              f"model: use model '{fit.public_id}', or /embed_sparse", "model", "wrong_task")
         return gw

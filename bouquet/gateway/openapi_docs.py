@@ -44,8 +44,9 @@ def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, 
     return {"type": "object", "properties": props, "required": required or []}
 
 
-OPENAI_ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": {"type": "string", "nullable": True},
-                                   "code": {"type": "string", "nullable": True}})}, ["error"])
+# OpenAPI 3.1 (JSON Schema): null as a type, not 3.0's "nullable", which 3.1 validators ignore
+OPENAI_ERROR = _obj({"error": _obj({"message": _STR, "type": _STR, "param": {"type": ["string", "null"]},
+                                   "code": {"type": ["string", "null"]}})}, ["error"])
 TEI_ERROR = _obj({"error": _STR, "error_type": _STR}, ["error", "error_type"])
 COHERE_ERROR = _obj({"message": _STR}, ["message"])
 _SPARSE_VEC = _obj({"indices": _IDS, "values": _VEC})
@@ -126,7 +127,7 @@ TEI_RERANK_REQUEST = _obj({"query": _TEXT, "texts": _TEXTS, "return_text": _BOOL
 TEI_RERANK_RESPONSE = {"type": "array", "items": _obj({"index": _INT, "score": _NUM, "text": _STR})}
 TEI_TOKENIZE_REQUEST = _obj({"inputs": _TEXTS, "add_special_tokens": _BOOL, "prompt_name": _STR, "prompt": _STR},
                             ["inputs"])
-_NULLABLE_INT = {"type": "integer", "nullable": True}
+_NULLABLE_INT = {"type": ["integer", "null"]}
 TEI_TOKENIZE_RESPONSE = {"type": "array", "items": {"type": "array", "items": _obj(
     {"id": _INT, "text": _STR, "special": _BOOL, "start": _NULLABLE_INT, "stop": _NULLABLE_INT})}}
 _TEI_DIRECTION = {"type": "string", "enum": ["Left", "Right"]}  # any case is accepted (routes_tei._direction)

@@ -85,7 +85,8 @@ def special_ids(tokenizer_json: Path) -> frozenset[int]:
 def _options(body: dict[str, Any]) -> tuple[float, int | None]:
     """``threshold`` (a number ≥ 0, default 0) and ``top_k`` (an integer ≥ 1, default all).
     Raises APIError 400 naming the field."""
-    threshold = body.get("threshold", 0.0)
+    threshold = body.get("threshold")
+    threshold = 0.0 if threshold is None else threshold  # null is unset, as for top_k and every optional field
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
         raise bad_request(f"'threshold' must be a number >= 0, got {shown(threshold)}", "threshold", "invalid_value")
     top_k = opt_int(body, "top_k")

@@ -291,6 +291,21 @@ def test_openapi_schema_agrees_with_the_server(minilm_server, path, body, ok):
     assert (valid, status) == (ok, 200 if ok else 400), (valid, status)
 
 
+def test_openapi_responses_validate_and_use_3_1_nulls(minilm_server):
+    """The document says OpenAPI 3.1, whose schemas are JSON Schema: null is a type there, and 3.0's
+    "nullable" (which 3.1 validators ignore) made /tokenize's special tokens (start/stop null) and
+    OpenAI errors (param null) fail their own published schemas."""
+    import jsonschema
+    spec = httpx.get(minilm_server.url + "/openapi.json").json()
+    assert spec["openapi"].startswith("3.1") and '"nullable"' not in httpx.get(minilm_server.url + "/openapi.json").text
+    ok = spec["paths"]["/tokenize"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    jsonschema.validate(httpx.post(minilm_server.url + "/tokenize", json={"inputs": "hello"}).json(), ok)
+    err = httpx.post(minilm_server.url + "/v1/embeddings", json={"input": "x", "dimensions": 0})
+    assert err.status_code == 400
+    jsonschema.validate({"error": {**err.json()["error"], "param": None, "code": None}},
+                        spec["paths"]["/v1/embeddings"]["post"]["responses"]["400"]["content"]["application/json"]["schema"])
+
+
 @pytest.mark.parametrize("path,body,says", [
     ("/v1/embeddings", {"input": "x", "dimensions": True}, "got true"),
     ("/v1/embeddings", {"input": [None]}, "got null"),

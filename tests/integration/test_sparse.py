@@ -138,6 +138,9 @@ def test_embed_sparse_and_openai_extension_over_http(splade_dir):
         row = got[2]
         want = np.sort(np.argsort(-row, kind="stable")[:5])
         assert [t["index"] for t in terms] == want.tolist() and min(t["value"] for t in terms) > 0.1
+        # null is unset for both options (threshold null was a 400 while top_k null was taken)
+        r = httpx.post(srv.url + "/embed_sparse", json={"inputs": TEXTS[0], "top_k": None, "threshold": None}, timeout=60)
+        assert r.status_code == 200 and [t["index"] for t in r.json()[0]] == np.flatnonzero(got[0] > 0).tolist(), r.text
         r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[:2], "threshold": 0.5}, timeout=60)
         assert r.status_code == 200, r.text
         body = r.json()
@@ -175,5 +178,36 @@ def test_embed_sparse_without_model_goes_to_the_sparse_model(splade_dir):
         assert dense.status_code == 200 and len(dense.json()[0]) == 384, dense.text[:300]
         r = httpx.post(srv.url + "/embed_sparse", json={"inputs": "x", "model": "minilm"}, timeout=60)
         assert r.status_code == 424, r.text  # named explicitly: that model, which has no sparse output
+    finally:
+        srv.stop()
+
+
+def test_dense_routes_without_model_skip_a_splade_model_listed_first(splade_dir):
+    """SPLADE first, a dense model second (a trial): TEI's /embed, /embed_all, /similarity and
+    /v1/embeddings without `model` go to the dense model (they went to SPLADE: 424 on /embed while
+    a dense model was served); SPLADE named on a dense route is a 400 naming the dense model;
+    /embed_sparse still goes to SPLADE, and /v1/embeddings naming it still answers sparse."""
+    import httpx
+
+    from bouquet.modelspec import resolve_model_path
+    from helpers import BouquetProcess
+
+    srv = BouquetProcess("--model", str(splade_dir), "--model", str(resolve_model_path(None)),
+                         "--served-model-name", "splade", "--served-model-name", "minilm", "--log-level", "warning")
+    try:
+        post = lambda path, body: httpx.post(srv.url + path, json=body, timeout=60)  # noqa: E731
+        r = post("/embed", {"inputs": TEXTS[0]})
+        assert r.status_code == 200 and len(r.json()[0]) == 384, r.text[:300]
+        assert post("/embed_all", {"inputs": TEXTS[0]}).status_code == 200
+        assert post("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}).status_code == 200
+        r = post("/v1/embeddings", {"input": TEXTS[0]})
+        assert r.status_code == 200 and r.json()["model"] == "minilm" and len(r.json()["data"][0]["embedding"]) == 384
+        for path in ("/embed", "/embed_all"):
+            r = post(path, {"inputs": "x", "model": "splade"})
+            assert r.status_code == 400, r.text
+            assert r.json()["error_type"] == "Validation" and "use model 'minilm'" in r.json()["error"], r.text
+        assert post("/embed_sparse", {"inputs": "x"}).status_code == 200
+        r = post("/v1/embeddings", {"input": "x", "model": "splade"})
+        assert r.status_code == 200 and r.json()["data"][0]["object"] == "sparse_embedding", r.text[:300]
     finally:
         srv.stop()
