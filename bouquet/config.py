@@ -130,6 +130,9 @@ class ServeConfig:
     # Set by the launcher, parallel to ``servers``: the GPU each local replica runs on ("cuda:0";
     # "" = unknown or not a GPU).
     replica_gpus: tuple[str, ...] = ()
+    # Set by the launcher: ``servers`` are the replicas it started, whose start-up failures it reports
+    # itself (one error line); the gateway then logs their not answering before any was ready at INFO.
+    own_replicas: bool = False
     # Set by the launcher from the layout (bouquet/layout.py) and this model's size: batch-priority
     # chunks go to one replica of each GPU (replicas sharing a GPU time-slice it).
     batch_one_replica_per_gpu: bool = False

@@ -292,7 +292,8 @@ def serve(cfg: ServeConfig) -> int:
             log.info("model %s (%s, task %s%s), replicas %s (%s)", spec.model_id, spec.architecture, spec.task,
                      f": {spec.task_reason}" if spec.task_reason else "", addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")
-            gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths), replica_gpus=tuple(gpus)))
+            gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths), replica_gpus=tuple(gpus),
+                                   own_replicas=not c.servers))
     except BaseException:
         stop_replicas([r for g in spawned for r in g])  # bound or not: await_bound's copies share the processes
         sock.close()

@@ -70,7 +70,7 @@ def create_app(models: Sequence[tuple[ServeConfig, ModelSpec]], drain: DrainStat
                                              batch_one_per_gpu=c.batch_one_replica_per_gpu, api_key=c.api_key,
                                              shutting_down=lambda: drain is not None and drain.draining,
                                              row_bytes=4 * spec.dimension, expect_task=spec.task,
-                                             expect_dimension=spec.dimension),
+                                             expect_dimension=spec.dimension, own_replicas=c.own_replicas),
                         TextTokenizer(spec), public_id, names, executor=executor, metrics=metrics)
                 for (c, spec), (public_id, names) in zip(models, model_names(models))]
     catalog = Catalog.of(gateways)

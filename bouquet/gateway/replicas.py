@@ -158,6 +158,9 @@ class ReplicaPool:
     # makes a Qwen3ForCausalLM a reranker on one side and an embedder on the other). "" / 0: unchecked.
     expect_task: str = ""
     expect_dimension: int = 0
+    # The replicas were started by this `serve`, whose launcher reports one that fails at start-up
+    # (its error, one line): until a replica has been ready, their not answering is logged at INFO.
+    own_replicas: bool = False
     replicas: list[Replica] = field(default_factory=list)
     _health_task: asyncio.Task[None] | None = None
     _probed_at: float = 0.0  # time.monotonic() at which the last health check ended
@@ -238,7 +241,8 @@ class ReplicaPool:
         if r.healthy and not was:
             log.info("replica %s ready", r.address)
         elif not r.healthy and _kind(r.last_error) != _kind(said) and r.last_error != "loading":
-            (log.info if self.shutting_down() else log.warning)("replica %s not usable: %s", r.address, r.last_error)
+            quiet = self.shutting_down() or (self.own_replicas and not self.was_ready)
+            (log.info if quiet else log.warning)("replica %s not usable: %s", r.address, r.last_error)
 
     def _other_model(self, info: pb.InfoReply) -> str:
         """Why a replica's model is not this gateway's (its task or output width differ), or ""."""

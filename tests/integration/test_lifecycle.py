@@ -241,6 +241,25 @@ def test_start_up_mistakes_name_their_cause(tmp_path, mistake):
     assert list(tmp_path.glob("bouquet-*/")) == []
 
 
+def test_a_model_its_replica_refuses_ends_serve_with_one_line(tmp_path):
+    """A model the replica refuses while loading (a scaled rope, found only when the layers are
+    built): `serve` ends with the replica's reason as its last line, and the gateway, whose probe
+    found the replica gone, says so at INFO, not as a WARNING before the error (a decoder trial saw
+    "replica ... not usable: UNAVAILABLE" ahead of every such refusal)."""
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    model = tmp_path / "scaled"
+    shutil.copytree(make_tiny_model("qwen3", tmp_path / "src"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    (model / "config.json").write_text(json.dumps(cfg))
+    code, out = serve_fails("--model", str(model), "--port", str(free_port()), "--device", "cpu",
+                            env={"TMPDIR": str(tmp_path)})
+    assert code == 1, out
+    assert last_line(out) == "error: server replica: rope_type 'yarn' is not supported; only 'default' rotary embeddings are", out
+    assert "WARNING" not in out and "Traceback" not in out, out
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_unreadable_tokenizer_is_one_line(tmp_path, workers):
     # The gateway reads tokenizer.json only once the replicas are up. A file `tokenizers` cannot read
