@@ -3,6 +3,9 @@ linears against F.linear, the int8 accuracy gate (admitted and refused), and all
 bf16 on the STSb test split against sentence-transformers."""
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from bouquet.config import ConfigError, ServeConfig
 from bouquet.engine.linear.cpu import Int8Linear, OneDnnLinear, cpu_dtype, cpu_flags
 from bouquet.engine.runtime.engine import Engine
+from bouquet.engine.runtime.host_memory import keep_freed_memory
 from bouquet.modelspec import load_spec
 from helpers import BouquetProcess, read_sts
 
@@ -211,3 +215,35 @@ def test_cpu_linears_run_at_a_bounded_set_of_row_counts() -> None:
             got = lin(x)
             assert got.shape == (t, 96)
             torch.testing.assert_close(got, F.gelu(ref) if act else ref, atol=1e-5, rtol=1e-4)
+
+
+# A fresh process allocates 24 MiB, then frees it: where the block came from (the heap, below the
+# program break, or a fresh mmap above it) and whether the break stayed put after the free.
+_HEAP_PROBE = """
+import ctypes, sys, torch
+libc = ctypes.CDLL(None)
+libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+if sys.argv[1] == "engine":
+    from bouquet.engine.runtime.engine import Engine
+    from bouquet.modelspec import load_spec
+    Engine(load_spec(None), "cpu", "float32")
+x = torch.empty(24 << 18).fill_(1.0)
+in_heap, top = x.data_ptr() < libc.sbrk(0), libc.sbrk(0)
+del x
+print(in_heap, libc.sbrk(0) == top)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc malloc's")
+def test_a_cpu_engine_keeps_freed_memory_for_the_next_step() -> None:
+    """A CPU engine sets glibc's thresholds (engine/runtime/host_memory.py): a step's multi-MB
+    tensors come from the heap and stay there when freed, instead of a fresh mmap each step whose
+    pages fault in again. Without the setting (the first process) the same block is a fresh mmap."""
+    def probe(mode: str) -> str:
+        done = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split("\n")[-2]
+
+    assert probe("plain") == "False True"  # mmapped: the premise this test rests on
+    assert probe("engine") == "True True"
+    assert "glibc malloc keeps freed memory" in keep_freed_memory()

@@ -28,6 +28,7 @@ from bouquet.engine.attention.backends import AttentionBackend, VarlenBackend, s
 from bouquet.engine.runtime.batch import Batch
 from bouquet.engine.runtime.buckets import bucket_for, load_hot, startup_buckets
 from bouquet.engine.runtime import cpu_plan
+from bouquet.engine.runtime.host_memory import keep_freed_memory
 from bouquet.engine.runtime.contract import EngineInfo
 from bouquet.engine.linear.cpu import BF16_FLAGS, cpu_dtype, cpu_flags, padded_rows
 from bouquet.engine.linear.fp8_checkpoint import split_fp8_checkpoint
@@ -221,6 +222,7 @@ class Engine:
         if self.device.type == "cpu":  # after quantization: the kernels that run
             log.info("engine: CPU linears (model dtype %s): %s", str(self.dtype).removeprefix("torch."),
                      cpu_plan.describe(model))
+            log.info("engine: CPU allocator: %s", keep_freed_memory())
         self.stored_fp8.rows.clear()  # the projections hold what they use (on the device)
         self.info = EngineInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.attn.name,
                                self.out_dim, time.perf_counter() - t0)
