@@ -214,12 +214,29 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     st_cfg = _read_json(st_cfg_path) if st_cfg_path.exists() else {}
     sbc = path / "sentence_bert_config.json"
     st_max = _read_json(sbc).get("max_seq_length") if sbc.exists() else None
+    if not st_max:  # sentence-transformers' rule without one: the tokenizer's model_max_length caps the positions
+        st_max = tokenizer_max_length(path / "tokenizer_config.json")
     model_id = served_name or (DEFAULT_MODEL_ID if model is None else str(model))
     cfg = _read_json(cfg_path)
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} must hold a JSON object, got {type(cfg).__name__} {cfg!r:.40}")
     return spec_from_config(cfg, path, model_id, modules, st_cfg, st_max,
                             name_hint=f"{model} {path.name}")
+
+
+def tokenizer_max_length(path: Path) -> int | None:
+    """tokenizer_config.json's ``model_max_length`` (tokens), or None where the file or the key is
+    absent or holds transformers' "no limit" placeholder (1e30; anything past 10^7 tokens here).
+    sentence-transformers' ``Transformer`` (without a max_seq_length of its own) and transformers'
+    tokenizers truncate there, so a model whose tokenizer stops short of its position table is served
+    as they run it."""
+    if not path.is_file():
+        return None
+    tok_cfg = _read_json(path)
+    value = tok_cfg.get("model_max_length") if isinstance(tok_cfg, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 10**7:
+        return None
+    return int(value)
 
 
 def spec_from_config(

@@ -254,3 +254,22 @@ def test_cuda_graphs_run_pooling_and_dense(tiny_bert, tmp_path, mode):
     assert engine.graph_replays >= 1
     for out in outs:
         assert cosine_rows(out, ref).min() >= 0.999
+
+
+@pytest.mark.parametrize("st_max, tokenizer_max, want", [(None, 16, 16), (32, 16, 32), (None, 10**30, 64)])
+def test_max_seq_length_follows_sentence_transformers(tiny_bert, tmp_path, st_max, tokenizer_max, want):
+    """Without a max_seq_length in sentence_bert_config.json, sentence-transformers truncates at the
+    tokenizer's model_max_length where it is below the position table (64 here); sentence-transformers
+    5 saves its max_seq_length there alone. transformers' "no limit" placeholder (1e30) leaves the
+    positions. The long text is cut at the same token."""
+    from sentence_transformers import SentenceTransformer
+
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean")
+    sbc = json.loads((d / "sentence_bert_config.json").read_text())
+    sbc.pop("max_seq_length", None)
+    (d / "sentence_bert_config.json").write_text(json.dumps(sbc if st_max is None else {**sbc, "max_seq_length": st_max}))
+    tok_cfg = d / "tokenizer_config.json"
+    tok_cfg.write_text(json.dumps({**json.loads(tok_cfg.read_text()), "model_max_length": tokenizer_max}))
+    assert SentenceTransformer(str(d), device="cpu").max_seq_length == want
+    assert load_spec(str(d)).max_seq_length == want
+    assert cosine_rows(bouquet_vectors(d, TEXTS), st_vectors(d, TEXTS)).min() >= 0.9999
