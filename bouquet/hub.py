@@ -21,12 +21,14 @@ import logging
 from fnmatch import fnmatch
 from pathlib import Path
 
+from bouquet.st_modules import ST_TRANSFORMER_CONFIGS
+
 log = logging.getLogger("bouquet.hub")
 
 # Files at the repository's root that bouquet (or a tokenizer built from the directory) reads.
 CONFIG_FILES = (
     "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json",
+    "modules.json", "config_sentence_transformers.json", *ST_TRANSFORMER_CONFIGS,
 )
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin")

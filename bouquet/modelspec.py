@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from bouquet.families import UNKNOWN, architecture_of, family, hidden_size, unsupported
 from bouquet.families import num_labels as label_count  # the spec's field is num_labels
-from bouquet.st_modules import ModuleError, StModules, Step, read_modules
+from bouquet.st_modules import ST_TRANSFORMER_CONFIGS, ModuleError, StModules, Step, read_modules
 
 Task = Literal["embed", "score"]
 # bge-m3's lexical (hidden → 1) and ColBERT (hidden → C) heads, plain state dicts beside the weights
@@ -212,10 +212,7 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     modules = _read_json(path / "modules.json") if (path / "modules.json").exists() else []
     st_cfg_path = path / "config_sentence_transformers.json"
     st_cfg = _read_json(st_cfg_path) if st_cfg_path.exists() else {}
-    sbc = path / "sentence_bert_config.json"
-    st_max = _read_json(sbc).get("max_seq_length") if sbc.exists() else None
-    if not st_max:  # sentence-transformers' rule without one: the tokenizer's model_max_length caps the positions
-        st_max = tokenizer_max_length(path / "tokenizer_config.json")
+    st_max = st_max_seq_length(path, bool(modules))
     model_id = served_name or (DEFAULT_MODEL_ID if model is None else str(model))
     cfg = _read_json(cfg_path)
     if not isinstance(cfg, dict):
@@ -224,16 +221,48 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
                             name_hint=f"{model} {path.name}")
 
 
+def st_max_seq_length(path: Path, has_modules: bool) -> int | None:
+    """The token limit sentence-transformers (6.3 followed) sets for this folder, before bouquet caps it
+    at the position table: for a sentence-transformers folder (``has_modules``: a modules.json) its
+    Transformer config's ``processor_kwargs`` / ``tokenizer_args`` ``model_max_length``, else its
+    ``max_seq_length``; otherwise (also for folders without modules.json, whose Transformer config
+    sentence-transformers does not read) tokenizer_config.json's ``model_max_length``
+    (``tokenizer_max_length``). None: no limit but the positions. Raises ModelError naming the
+    file for a config that is not an object or a ``max_seq_length`` that is not a positive integer."""
+    if has_modules:
+        found = next((path / n for n in ST_TRANSFORMER_CONFIGS if (path / n).is_file()), None)
+        conf = _read_json(found) if found is not None else {}
+        if not isinstance(conf, dict):
+            raise ModelError(f"{found} must hold a JSON object, got {type(conf).__name__}")
+        kwargs = conf.get("processor_kwargs") or conf.get("tokenizer_args") or {}
+        own = _token_count(kwargs.get("model_max_length")) if isinstance(kwargs, dict) else None
+        if own is not None:
+            return own
+        value = conf.get("max_seq_length")
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelError(f"{found}: max_seq_length must be a positive integer (tokens), got {value!r:.40}")
+            return value
+    return tokenizer_max_length(path / "tokenizer_config.json")
+
+
 def tokenizer_max_length(path: Path) -> int | None:
-    """tokenizer_config.json's ``model_max_length`` (tokens), or None where the file or the key is
-    absent or holds transformers' "no limit" placeholder (1e30; anything past 10^7 tokens here).
+    """tokenizer_config.json's ``model_max_length`` (tokens; the legacy ``max_len`` where it is
+    absent, as transformers reads it), or None where the file or the keys are absent or hold
+    transformers' "no limit" placeholder (1e30; anything past 10^7 tokens here).
     sentence-transformers' ``Transformer`` (without a max_seq_length of its own) and transformers'
     tokenizers truncate there, so a model whose tokenizer stops short of its position table is served
     as they run it."""
     if not path.is_file():
         return None
     tok_cfg = _read_json(path)
-    value = tok_cfg.get("model_max_length") if isinstance(tok_cfg, dict) else None
+    if not isinstance(tok_cfg, dict):
+        return None
+    return _token_count(tok_cfg.get("model_max_length", tok_cfg.get("max_len")))
+
+
+def _token_count(value: object) -> int | None:
+    """A tokenizer limit as an int of tokens, or None for none, the placeholder, or a non-number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 10**7:
         return None
     return int(value)
@@ -277,10 +306,14 @@ def spec_from_config(
     pooling = str(bouquet_cfg.get("pooling", pooling))
     normalize = bool(bouquet_cfg.get("normalize", st.normalize if modules else task == "embed" and not sparse))
 
-    max_len = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
-    if st_max_seq_length:
-        max_len = min(max_len, int(st_max_seq_length))
-    max_len = int(bouquet_cfg.get("max_seq_length", max_len))
+    positions = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
+    max_len = min(positions, int(st_max_seq_length)) if st_max_seq_length else positions
+    if "max_seq_length" in bouquet_cfg:
+        own = bouquet_cfg["max_seq_length"]
+        if isinstance(own, bool) or not isinstance(own, int) or not 0 < own <= positions:
+            raise ModelError(f"config.json's bouquet.max_seq_length must be a whole number of tokens from 1 to "
+                             f"{positions} (the model's position table), got {own!r:.40}")
+        max_len = own
 
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
     dims = tuple(int(d) for d in bouquet_cfg.get("matryoshka_dimensions", ()))

@@ -256,20 +256,64 @@ def test_cuda_graphs_run_pooling_and_dense(tiny_bert, tmp_path, mode):
         assert cosine_rows(out, ref).min() >= 0.999
 
 
-@pytest.mark.parametrize("st_max, tokenizer_max, want", [(None, 16, 16), (32, 16, 32), (None, 10**30, 64)])
-def test_max_seq_length_follows_sentence_transformers(tiny_bert, tmp_path, st_max, tokenizer_max, want):
-    """Without a max_seq_length in sentence_bert_config.json, sentence-transformers truncates at the
-    tokenizer's model_max_length where it is below the position table (64 here); sentence-transformers
-    5 saves its max_seq_length there alone. transformers' "no limit" placeholder (1e30) leaves the
-    positions. The long text is cut at the same token."""
+def _edit_json(path: Path, **changes: object) -> None:
+    """Set (value not None) or drop (None) top-level keys of a JSON file."""
+    conf = json.loads(path.read_text()) if path.exists() else {}
+    conf.update({k: v for k, v in changes.items() if v is not None})
+    for k in [k for k, v in changes.items() if v is None]:
+        conf.pop(k, None)
+    path.write_text(json.dumps(conf))
+
+
+# (sentence_bert_config.json changes, tokenizer_config.json changes, the limit wanted); the tiny model has 64 positions
+LIMITS = {
+    "tokenizer_below_positions": ({"max_seq_length": None}, {"model_max_length": 16}, 16),
+    "st_config_over_tokenizer": ({"max_seq_length": 32}, {"model_max_length": 16}, 32),
+    "no_limit_placeholder": ({"max_seq_length": None}, {"model_max_length": 10**30}, 64),
+    "legacy_max_len": ({"max_seq_length": None}, {"model_max_length": None, "max_len": 20}, 20),
+    "tokenizer_args_over_st_config": ({"max_seq_length": 48, "tokenizer_args": {"model_max_length": 24}}, {}, 24),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LIMITS))
+def test_max_seq_length_follows_sentence_transformers(tiny_bert, tmp_path, case):
+    """bouquet truncates where sentence-transformers does: its Transformer config's max_seq_length
+    (or a model_max_length among its tokenizer arguments), else the tokenizer's model_max_length where
+    it is below the position table (sentence-transformers 6.3 saves its max_seq_length there alone),
+    else the positions; transformers' "no limit" placeholder (1e30) is none. The long text is cut
+    at the same token."""
     from sentence_transformers import SentenceTransformer
 
+    st_changes, tok_changes, want = LIMITS[case]
     d = write_st_model(tiny_bert, tmp_path / "m", "mean")
-    sbc = json.loads((d / "sentence_bert_config.json").read_text())
-    sbc.pop("max_seq_length", None)
-    (d / "sentence_bert_config.json").write_text(json.dumps(sbc if st_max is None else {**sbc, "max_seq_length": st_max}))
-    tok_cfg = d / "tokenizer_config.json"
-    tok_cfg.write_text(json.dumps({**json.loads(tok_cfg.read_text()), "model_max_length": tokenizer_max}))
+    _edit_json(d / "sentence_bert_config.json", **st_changes)
+    _edit_json(d / "tokenizer_config.json", **tok_changes)
     assert SentenceTransformer(str(d), device="cpu").max_seq_length == want
     assert load_spec(str(d)).max_seq_length == want
     assert cosine_rows(bouquet_vectors(d, TEXTS), st_vectors(d, TEXTS)).min() >= 0.9999
+
+
+def test_older_st_config_names_and_folders_without_modules(tiny_bert, tmp_path):
+    """sentence-transformers reads its Transformer config under older names too
+    (sentence_distilbert_config.json, ...), and reads none without a modules.json."""
+    from sentence_transformers import SentenceTransformer
+
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean")
+    _edit_json(d / "tokenizer_config.json", model_max_length=None)
+    _edit_json(d / "sentence_bert_config.json", max_seq_length=20)
+    (d / "sentence_bert_config.json").rename(d / "sentence_distilbert_config.json")
+    assert SentenceTransformer(str(d), device="cpu").max_seq_length == 20 == load_spec(str(d)).max_seq_length
+    (d / "modules.json").unlink()
+    assert SentenceTransformer(str(d), device="cpu").max_seq_length == 64 == load_spec(str(d)).max_seq_length
+
+
+@pytest.mark.parametrize("value", [-5, 0, "abc", True, 1.5])
+def test_a_bad_max_seq_length_is_named(tiny_bert, tmp_path, value):
+    d = write_st_model(tiny_bert, tmp_path / "m", "mean")
+    _edit_json(d / "sentence_bert_config.json", max_seq_length=value)
+    with pytest.raises(ModelError, match=r"sentence_bert_config\.json: max_seq_length must be a positive integer"):
+        load_spec(str(d))
+    shutil.copytree(tiny_bert, tmp_path / "own")
+    _edit_json(tmp_path / "own" / "config.json", bouquet={"max_seq_length": 200})
+    with pytest.raises(ModelError, match=r"bouquet\.max_seq_length must be a whole number of tokens from 1 to 64"):
+        load_spec(str(tmp_path / "own"))
