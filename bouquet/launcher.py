@@ -289,8 +289,9 @@ def serve(cfg: ServeConfig) -> int:
                             "tokenizer.json and no eos_token_id in config.json: nothing is appended, so each text's "
                             "own last token is pooled (a model trained on an end-of-text token gives other vectors)",
                             spec.model_id)
-            log.info("model %s (%s, task %s%s), replicas %s (%s)", spec.model_id, spec.architecture, spec.task,
-                     f": {spec.task_reason}" if spec.task_reason else "", addresses,
+            log.info("model %s (%s, task %s%s, max input %d tokens from %s), replicas %s (%s)", spec.model_id,
+                     spec.architecture, spec.task, f": {spec.task_reason}" if spec.task_reason else "",
+                     spec.max_seq_length, spec.max_length_source, addresses,
                      "Unix-socket IPC" if any(paths) else "gRPC")
             gcfgs.append(c.replace(servers=tuple(addresses), ipc_paths=tuple(paths), replica_gpus=tuple(gpus),
                                    own_replicas=not c.servers))

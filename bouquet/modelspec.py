@@ -124,6 +124,8 @@ class ModelSpec:
     # why a causal LM whose family can rerank is served as what it is (``_lm_reranker``), for the
     # start-up log; "" for every other model, whose architecture alone says its task
     task_reason: str = ""
+    # where max_seq_length came from, for the start-up log ("tokenizer_config.json model_max_length", ...)
+    max_length_source: str = ""
 
     @property
     def pools_own_last_token(self) -> bool:
@@ -212,38 +214,40 @@ def load_spec(model: str | None, served_name: str | None = None) -> ModelSpec:
     modules = _read_json(path / "modules.json") if (path / "modules.json").exists() else []
     st_cfg_path = path / "config_sentence_transformers.json"
     st_cfg = _read_json(st_cfg_path) if st_cfg_path.exists() else {}
-    st_max = st_max_seq_length(path, bool(modules))
+    st_max, st_source = st_max_seq_length(path, bool(modules))
     model_id = served_name or (DEFAULT_MODEL_ID if model is None else str(model))
     cfg = _read_json(cfg_path)
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} must hold a JSON object, got {type(cfg).__name__} {cfg!r:.40}")
-    return spec_from_config(cfg, path, model_id, modules, st_cfg, st_max,
+    return spec_from_config(cfg, path, model_id, modules, st_cfg, st_max, st_max_source=st_source,
                             name_hint=f"{model} {path.name}")
 
 
-def st_max_seq_length(path: Path, has_modules: bool) -> int | None:
+def st_max_seq_length(path: Path, has_modules: bool) -> tuple[int | None, str]:
     """The token limit sentence-transformers (6.3 followed) sets for this folder, before bouquet caps it
     at the position table: for a sentence-transformers folder (``has_modules``: a modules.json) its
     Transformer config's ``processor_kwargs`` / ``tokenizer_args`` ``model_max_length``, else its
     ``max_seq_length``; otherwise (also for folders without modules.json, whose Transformer config
     sentence-transformers does not read) tokenizer_config.json's ``model_max_length``
-    (``tokenizer_max_length``). None: no limit but the positions. Raises ModelError naming the
+    (``tokenizer_max_length``); with the file and key it came from. None: no limit but the
+    positions. Raises ModelError naming the
     file for a config that is not an object or a ``max_seq_length`` that is not a positive integer."""
     if has_modules:
         found = next((path / n for n in ST_TRANSFORMER_CONFIGS if (path / n).is_file()), None)
         conf = _read_json(found) if found is not None else {}
         if not isinstance(conf, dict):
             raise ModelError(f"{found} must hold a JSON object, got {type(conf).__name__}")
-        kwargs = conf.get("processor_kwargs") or conf.get("tokenizer_args") or {}
-        own = _token_count(kwargs.get("model_max_length")) if isinstance(kwargs, dict) else None
-        if own is not None:
-            return own
+        for key in ("processor_kwargs", "tokenizer_args"):
+            kwargs = conf.get(key)
+            own = _token_count(kwargs.get("model_max_length")) if isinstance(kwargs, dict) else None
+            if own is not None:
+                return own, f"{found.name} {key} model_max_length"  # type: ignore[union-attr]
         value = conf.get("max_seq_length")
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelError(f"{found}: max_seq_length must be a positive integer (tokens), got {value!r:.40}")
-            return value
-    return tokenizer_max_length(path / "tokenizer_config.json")
+            return value, f"{found.name} max_seq_length"  # type: ignore[union-attr]
+    return tokenizer_max_length(path / "tokenizer_config.json"), "tokenizer_config.json model_max_length"
 
 
 def tokenizer_max_length(path: Path) -> int | None:
@@ -276,6 +280,7 @@ def spec_from_config(
     st_cfg: dict[str, Any] | None = None,
     st_max_seq_length: int | None = None,
     name_hint: str = "",
+    st_max_source: str = "sentence-transformers' max_seq_length",
 ) -> ModelSpec:
     """A ModelSpec from an already-read config.json (plus sentence-transformers files when the
     directory has them). ``path`` None is for in-memory models (bouquet/bench/tools/models_check.py): no
@@ -308,12 +313,14 @@ def spec_from_config(
 
     positions = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
     max_len = min(positions, int(st_max_seq_length)) if st_max_seq_length else positions
+    source = st_max_source if max_len < positions else "the position table: max_position_embeddings" + (
+        f" {cfg.get('max_position_embeddings', 512)} − {row.position_offset(cfg)}" if row.position_offset(cfg) else "")
     if "max_seq_length" in bouquet_cfg:
         own = bouquet_cfg["max_seq_length"]
         if isinstance(own, bool) or not isinstance(own, int) or not 0 < own <= positions:
             raise ModelError(f"config.json's bouquet.max_seq_length must be a whole number of tokens from 1 to "
                              f"{positions} (the model's position table), got {own!r:.40}")
-        max_len = own
+        max_len, source = own, "config.json bouquet.max_seq_length"
 
     prompts = {str(k): str(v) for k, v in (st_cfg.get("prompts") or {}).items()}
     dims = tuple(int(d) for d in bouquet_cfg.get("matryoshka_dimensions", ()))
@@ -370,6 +377,7 @@ def spec_from_config(
         token_heads=path is not None and all((path / f).is_file() for f in M3_HEAD_FILES),
         include_prompt=st.include_prompt,
         task_reason=task_reason,
+        max_length_source=source,
     )
 
 

@@ -265,13 +265,19 @@ def _edit_json(path: Path, **changes: object) -> None:
     path.write_text(json.dumps(conf))
 
 
-# (sentence_bert_config.json changes, tokenizer_config.json changes, the limit wanted); the tiny model has 64 positions
+# (sentence_bert_config.json changes, tokenizer_config.json changes, the limit wanted, where the
+# start-up log says it came from); the tiny model has 64 positions
 LIMITS = {
-    "tokenizer_below_positions": ({"max_seq_length": None}, {"model_max_length": 16}, 16),
-    "st_config_over_tokenizer": ({"max_seq_length": 32}, {"model_max_length": 16}, 32),
-    "no_limit_placeholder": ({"max_seq_length": None}, {"model_max_length": 10**30}, 64),
-    "legacy_max_len": ({"max_seq_length": None}, {"model_max_length": None, "max_len": 20}, 20),
-    "tokenizer_args_over_st_config": ({"max_seq_length": 48, "tokenizer_args": {"model_max_length": 24}}, {}, 24),
+    "tokenizer_below_positions": ({"max_seq_length": None}, {"model_max_length": 16}, 16,
+                                  "tokenizer_config.json model_max_length"),
+    "st_config_over_tokenizer": ({"max_seq_length": 32}, {"model_max_length": 16}, 32,
+                                 "sentence_bert_config.json max_seq_length"),
+    "no_limit_placeholder": ({"max_seq_length": None}, {"model_max_length": 10**30}, 64,
+                             "the position table: max_position_embeddings"),
+    "legacy_max_len": ({"max_seq_length": None}, {"model_max_length": None, "max_len": 20}, 20,
+                       "tokenizer_config.json model_max_length"),
+    "tokenizer_args_over_st_config": ({"max_seq_length": 48, "tokenizer_args": {"model_max_length": 24}}, {}, 24,
+                                      "sentence_bert_config.json tokenizer_args model_max_length"),
 }
 
 
@@ -284,12 +290,13 @@ def test_max_seq_length_follows_sentence_transformers(tiny_bert, tmp_path, case)
     at the same token."""
     from sentence_transformers import SentenceTransformer
 
-    st_changes, tok_changes, want = LIMITS[case]
+    st_changes, tok_changes, want, source = LIMITS[case]
     d = write_st_model(tiny_bert, tmp_path / "m", "mean")
     _edit_json(d / "sentence_bert_config.json", **st_changes)
     _edit_json(d / "tokenizer_config.json", **tok_changes)
     assert SentenceTransformer(str(d), device="cpu").max_seq_length == want
-    assert load_spec(str(d)).max_seq_length == want
+    spec = load_spec(str(d))
+    assert spec.max_seq_length == want and spec.max_length_source == source
     assert cosine_rows(bouquet_vectors(d, TEXTS), st_vectors(d, TEXTS)).min() >= 0.9999
 
 
