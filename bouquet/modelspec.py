@@ -230,8 +230,8 @@ def st_max_seq_length(path: Path, has_modules: bool) -> tuple[int | None, str]:
     ``max_seq_length``; otherwise (also for folders without modules.json, whose Transformer config
     sentence-transformers does not read) tokenizer_config.json's ``model_max_length``
     (``tokenizer_max_length``); with the file and key it came from. None: no limit but the
-    positions. Raises ModelError naming the
-    file for a config that is not an object or a ``max_seq_length`` that is not a positive integer."""
+    positions. Raises ModelError naming the file for a config that is not an object or a
+    ``max_seq_length`` that is not a positive integer."""
     if has_modules:
         found = next((path / n for n in ST_TRANSFORMER_CONFIGS if (path / n).is_file()), None)
         conf = _read_json(found) if found is not None else {}
@@ -311,10 +311,11 @@ def spec_from_config(
     pooling = str(bouquet_cfg.get("pooling", pooling))
     normalize = bool(bouquet_cfg.get("normalize", st.normalize if modules else task == "embed" and not sparse))
 
-    positions = int(cfg.get("max_position_embeddings", 512)) - row.position_offset(cfg)
+    table, offset = int(cfg.get("max_position_embeddings", 512)), row.position_offset(cfg)
+    positions = table - offset
     max_len = min(positions, int(st_max_seq_length)) if st_max_seq_length else positions
-    source = st_max_source if max_len < positions else "the position table: max_position_embeddings" + (
-        f" {cfg.get('max_position_embeddings', 512)} − {row.position_offset(cfg)}" if row.position_offset(cfg) else "")
+    source = st_max_source if max_len < positions else \
+        "the position table: max_position_embeddings" + (f" {table} − {offset}" if offset else "")
     if "max_seq_length" in bouquet_cfg:
         own = bouquet_cfg["max_seq_length"]
         if isinstance(own, bool) or not isinstance(own, int) or not 0 < own <= positions:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# Pooling config modes (sentence-transformers' names) → bouquet's pooling names (engine/heads/pooling.py)
 # The Transformer module's config under the names sentence-transformers' versions wrote; it reads the first found
 ST_TRANSFORMER_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
                           "sentence_camembert_config.json", "sentence_albert_config.json",
                           "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
+# Pooling config modes (sentence-transformers' names) → bouquet's pooling names (engine/heads/pooling.py)
 POOLING_NAMES = {"cls": "cls", "max": "max", "mean": "mean", "mean_sqrt_len_tokens": "mean_sqrt_len",
                  "weightedmean": "weightedmean", "lasttoken": "last"}
 # The legacy boolean keys, in the order sentence-transformers concatenates their outputs.
